@@ -1,0 +1,141 @@
+"""Loading a local Hugging Face checkpoint directory: config, safetensors weights, tokenizer.
+
+Only safetensors are read, so nothing from disk is ever unpickled; no remote code runs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from dspark.errors import ModelLoadError
+
+SUPPORTED_ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
+# RoPE variants whose frequencies do not depend on the sequence length at run time.
+STATIC_ROPE_TYPES = {"default", "linear", "llama3", "yarn"}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The shape of a decoder-only target, read from a Qwen3 or Llama config.json."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    eos_token_ids: tuple[int, ...]
+
+
+@dataclass
+class Checkpoint:
+    config: ModelConfig
+    state_dict: dict[str, torch.Tensor]
+    inv_freq: torch.Tensor
+    rope_scaling: float
+    tokenizer: object | None
+    name: str
+
+
+def load_checkpoint(path: str | Path, load_tokenizer: bool = True) -> Checkpoint:
+    """Read config, weights and tokenizer from `path`; errors name what is missing or unsupported."""
+    directory = Path(path)
+    if not directory.is_dir():
+        raise ModelLoadError(f"model directory {str(directory)!r} does not exist")
+    if not (directory / "config.json").is_file():
+        raise ModelLoadError(f"model directory {str(directory)!r} has no config.json")
+    weight_files = sorted(directory.glob("*.safetensors"))
+    if not weight_files:
+        found = sorted(p.name for p in directory.iterdir())
+        raise ModelLoadError(
+            f"model directory {str(directory)!r} has no *.safetensors weights (found: {found}); "
+            "only safetensors checkpoints are served, pickled weights are never loaded"
+        )
+    hf_config = _load_hf_config(directory)
+    config = model_config_from_hf(hf_config, directory)
+    state_dict: dict[str, torch.Tensor] = {}
+    for file in weight_files:
+        state_dict.update(load_file(str(file)))
+    inv_freq, scaling = rope_frequencies(hf_config)
+    tokenizer = _load_tokenizer(directory) if load_tokenizer else None
+    return Checkpoint(config, state_dict, inv_freq, scaling, tokenizer, directory.name)
+
+
+def _load_hf_config(directory: Path):
+    from transformers import AutoConfig
+
+    raw = json.loads((directory / "config.json").read_text())
+    model_type = raw.get("model_type")
+    if model_type not in SUPPORTED_ARCHITECTURES:
+        raise ModelLoadError(
+            f"model_type {model_type!r} in {directory}/config.json is not supported; "
+            f"supported: {sorted(SUPPORTED_ARCHITECTURES)}"
+        )
+    return AutoConfig.from_pretrained(str(directory), trust_remote_code=False)
+
+
+def model_config_from_hf(hf, directory: Path | str = "") -> ModelConfig:
+    if getattr(hf, "hidden_act", "silu") != "silu":
+        raise ModelLoadError(f"{directory}: hidden_act {hf.hidden_act!r} is not supported (silu only)")
+    if getattr(hf, "use_sliding_window", False):
+        raise ModelLoadError(f"{directory}: sliding-window attention is not supported")
+    eos = getattr(hf, "eos_token_id", None)
+    eos_ids = tuple(eos) if isinstance(eos, list | tuple) else (() if eos is None else (int(eos),))
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    return ModelConfig(
+        model_type=hf.model_type,
+        vocab_size=hf.vocab_size,
+        hidden_size=hf.hidden_size,
+        intermediate_size=hf.intermediate_size,
+        num_layers=hf.num_hidden_layers,
+        num_heads=hf.num_attention_heads,
+        num_kv_heads=getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads,
+        head_dim=head_dim,
+        rms_norm_eps=hf.rms_norm_eps,
+        max_position_embeddings=hf.max_position_embeddings,
+        tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+        attention_bias=bool(getattr(hf, "attention_bias", False)),
+        mlp_bias=bool(getattr(hf, "mlp_bias", False)),
+        qk_norm=hf.model_type == "qwen3",
+        eos_token_ids=eos_ids,
+    )
+
+
+def rope_frequencies(hf) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies and cos/sin scaling, exactly as transformers computes them."""
+    params = dict(getattr(hf, "rope_parameters", None) or {})
+    rope_type = params.get("rope_type", "default")
+    if rope_type not in STATIC_ROPE_TYPES:
+        raise ModelLoadError(
+            f"rope_type {rope_type!r} is not supported; supported: {sorted(STATIC_ROPE_TYPES)}"
+        )
+    if rope_type == "default":
+        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+        theta = params.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        return inv_freq, 1.0
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf, torch.device("cpu"))
+    return inv_freq.float(), float(scaling)
+
+
+def _load_tokenizer(directory: Path):
+    if not any((directory / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)

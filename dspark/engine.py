@@ -1,0 +1,323 @@
+"""The engine: continuous batching of speculative decoding rounds over one target model.
+
+Each step: the drafter proposes a block for every decoding request -> the verify-length policy picks
+how many drafted tokens of each the target checks -> one flattened forward verifies all of them and
+runs prefill chunks of newcomers -> rejection sampling accepts a prefix plus one token -> the cache
+keeps the accepted positions and rolls back the rest -> new tokens stream out.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Sequence as Seq
+
+import torch
+
+from dspark.checkpoint import load_checkpoint
+from dspark.config import EngineConfig
+from dspark.detokenizer import IncrementalDetokenizer, find_stop
+from dspark.drafter import Drafter, DraftProposal, DraftRequest, create_drafter
+from dspark.errors import AdmissionError, InvalidRequestError
+from dspark.kv_cache import BlockManager, KVCache
+from dspark.model import CausalLM
+from dspark.outputs import RequestOutput
+from dspark.runner import ForwardItem, ModelRunner
+from dspark.sampling import greedy, probs_from_logits, sample
+from dspark.sampling_params import SamplingParams
+from dspark.sequence import Sequence, Status
+from dspark.stats import EngineStats
+from dspark.verify import verify
+from dspark.verify_policy import FixedLength, VerifyLengthPolicy
+
+
+class Engine:
+    def __init__(
+        self, config: EngineConfig, drafter: Drafter | None = None, policy: VerifyLengthPolicy | None = None
+    ) -> None:
+        self.config = config
+        ckpt = load_checkpoint(config.model)
+        cfg = ckpt.config
+        self.model_config = cfg
+        self.model_name = ckpt.name
+        self.tokenizer = ckpt.tokenizer
+        self.model = CausalLM.from_checkpoint(ckpt, config.torch_dtype).to(config.device)
+        self.max_model_len = min(
+            config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings
+        )
+        num_blocks = config.num_kv_blocks or max(
+            1,
+            config.kv_cache_memory_mb
+            * 2**20
+            // (
+                KVCache.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, config.torch_dtype)
+                * config.block_size
+            ),
+        )
+        self.blocks = BlockManager(num_blocks, config.block_size)
+        kv = KVCache(
+            cfg.num_layers,
+            num_blocks,
+            config.block_size,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            config.torch_dtype,
+            config.device,
+        )
+        self.runner = ModelRunner(self.model, kv, config.block_size, config.device)
+        self.drafter = drafter or create_drafter(
+            config.drafter,
+            num_speculative_tokens=config.num_speculative_tokens,
+            target=self.model,
+            path=config.drafter_model,
+            **config.drafter_options,
+        )
+        self.gamma = min(config.num_speculative_tokens, self.drafter.max_draft_tokens)
+        self.policy = policy or FixedLength(self.gamma)
+        eos = set(cfg.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.eos_token_ids = frozenset(eos)
+        self.seqs: dict[str, Sequence] = {}  # running requests in arrival order
+        self.stats = EngineStats()
+        self._rng = random.Random(config.seed)
+
+    # ---- requests -------------------------------------------------------------------------------
+
+    def tokenize(self, prompt: str | Seq[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequestError("prompt", "must not be empty")
+            if self.tokenizer is None:
+                raise InvalidRequestError("prompt", "this model has no tokenizer; pass token ids")
+            ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        else:
+            ids = list(prompt)
+            bad = [
+                t
+                for t in ids
+                if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.model_config.vocab_size
+            ]
+            if bad:
+                raise InvalidRequestError(
+                    "prompt", f"token ids must be ints in [0, {self.model_config.vocab_size})"
+                )
+        if not ids:
+            raise InvalidRequestError("prompt", "must not be empty")
+        return ids
+
+    def add_request(
+        self, prompt: str | Seq[int], params: SamplingParams | None = None, request_id: str | None = None
+    ) -> str:
+        """Admit a request or refuse it (InvalidRequestError / AdmissionError) without touching others."""
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError("params", "must be a SamplingParams")
+        ids = self.tokenize(prompt)
+        if len(ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                "prompt", f"{len(ids)} tokens do not fit the model's context of {self.max_model_len} tokens"
+            )
+        if len(ids) + params.max_tokens > self.max_model_len:
+            raise InvalidRequestError(
+                "max_tokens",
+                f"{params.max_tokens} new tokens after a {len(ids)}-token prompt exceed the "
+                f"model's context of {self.max_model_len} tokens",
+            )
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in self.seqs:
+            raise InvalidRequestError("request_id", f"{request_id!r} is already running")
+        if len(self.seqs) >= self.config.max_num_seqs:
+            raise AdmissionError(
+                f"engine full: {len(self.seqs)} of max_num_seqs={self.config.max_num_seqs} running"
+            )
+        # The last generated token is never run through the target, so this is the most K/V it can hold.
+        self.blocks.reserve(request_id, len(ids) + params.max_tokens)
+        generator = None
+        if not params.greedy:
+            seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+            generator = torch.Generator().manual_seed(seed)
+        self.seqs[request_id] = Sequence(
+            request_id,
+            prompt if isinstance(prompt, str) else None,
+            ids,
+            params,
+            IncrementalDetokenizer(self.tokenizer, ids),
+            generator,
+        )
+        self.stats.prompt_tokens += len(ids)
+        return request_id
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        seq = self.seqs.get(request_id)
+        if seq is None:
+            return None
+        seq.delta_token_ids, seq.delta_text = [], ""
+        self._finish(seq, "abort")
+        self.stats.aborted_requests += 1
+        return RequestOutput.of(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.seqs)
+
+    def can_admit(self, num_tokens: int) -> bool:
+        return len(self.seqs) < self.config.max_num_seqs and (
+            -(-num_tokens // self.config.block_size) <= self.blocks.num_unreserved_blocks
+        )
+
+    # ---- the step -------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one round for every running request; returns the requests that changed."""
+        t_start = time.perf_counter()
+        for seq in self.seqs.values():
+            seq.delta_token_ids, seq.delta_text = [], ""
+        budget = self.config.max_num_batched_tokens
+        decoding = [s for s in self.seqs.values() if s.status is Status.DECODE]
+        prefilling = [s for s in self.seqs.values() if s.status is Status.PREFILL]
+
+        t_draft = time.perf_counter()
+        proposals = self._propose(decoding)
+        draft_time = time.perf_counter() - t_draft
+        lengths = self.policy.choose(proposals, budget)
+
+        items: list[ForwardItem] = []
+        for seq, proposal, n in zip(decoding, proposals, lengths):
+            tokens = [seq.output_token_ids[-1], *proposal.token_ids[:n]]
+            items.append(ForwardItem(tokens, seq.num_computed, [], logits_from=0))
+            budget -= len(tokens)
+        chunks: list[Sequence] = []
+        for seq in prefilling:
+            if budget <= 0:
+                break
+            n = min(len(seq.prompt_token_ids) - seq.num_computed, budget)
+            tokens = seq.prompt_token_ids[seq.num_computed : seq.num_computed + n]
+            done = seq.num_computed + n == len(seq.prompt_token_ids)
+            items.append(ForwardItem(tokens, seq.num_computed, [], logits_from=n - 1 if done else n))
+            chunks.append(seq)
+            budget -= n
+        scheduled = decoding + chunks
+        if not items:
+            return []
+        for seq, item in zip(scheduled, items):
+            item.block_table = self.blocks.ensure(seq.request_id, item.start + len(item.token_ids))
+
+        t_forward = time.perf_counter()
+        result = self.runner.forward(items, self.drafter.target_layer_ids)
+        forward_time = time.perf_counter() - t_forward
+
+        for i, (seq, proposal, n) in enumerate(zip(decoding, proposals, lengths)):
+            self._accept(seq, proposal, n, result.logits[i], result.hidden[i])
+        for i, seq in enumerate(chunks, start=len(decoding)):
+            self._prefilled(seq, items[i], result.logits[i], result.hidden[i])
+
+        changed = [RequestOutput.of(s) for s in scheduled if s.delta_token_ids or s.finished]
+        for seq in scheduled:
+            if seq.finished:
+                self.seqs.pop(seq.request_id, None)
+        elapsed = time.perf_counter() - t_start
+        st = self.stats
+        st.steps += 1
+        st.step_time_s += elapsed
+        st.forward_time_s += forward_time
+        st.draft_time_s += draft_time
+        st.recent_step_ms.append(elapsed * 1e3)
+        return changed
+
+    def _propose(self, decoding: list[Sequence]) -> list[DraftProposal]:
+        proposals = [DraftProposal([]) for _ in decoding]
+        # Never draft past max_tokens: a round gains at most l + 1 tokens.
+        wanted = [(i, min(self.gamma, s.remaining_tokens - 1)) for i, s in enumerate(decoding)]
+        wanted = [(i, k) for i, k in wanted if k > 0]
+        if wanted:
+            requests = [
+                DraftRequest(
+                    decoding[i].request_id,
+                    decoding[i].token_ids,
+                    k,
+                    decoding[i].params,
+                    decoding[i].generator,
+                )
+                for i, k in wanted
+            ]
+            for (i, k), proposal in zip(wanted, self.drafter.propose(requests)):
+                if len(proposal.token_ids) > k:
+                    raise RuntimeError(
+                        f"drafter {self.drafter.name} proposed {len(proposal.token_ids)} > {k} tokens"
+                    )
+                proposals[i] = proposal
+        return proposals
+
+    def _accept(self, seq: Sequence, proposal: DraftProposal, n: int, logits, hidden) -> None:
+        draft = proposal.token_ids[:n]
+        probs = proposal.probs[:n] if proposal.probs is not None else None
+        verdict = verify(logits, draft, probs, seq.params, seq.generator)
+        anchor_and_accepted = [seq.output_token_ids[-1], *draft[: verdict.num_accepted]]
+        # The anchor and the accepted drafts now have valid K/V; the rejected tail is rolled back.
+        seq.num_computed += len(anchor_and_accepted)
+        self.blocks.truncate(seq.request_id, seq.num_computed)
+        self.drafter.add_context(
+            seq.request_id,
+            anchor_and_accepted,
+            None if hidden is None else hidden[: len(anchor_and_accepted)],
+        )
+        seq.rounds += 1
+        seq.verified_draft_tokens += n
+        seq.accepted_draft_tokens += verdict.num_accepted
+        self.stats.rounds += 1
+        self.stats.drafted_tokens += n
+        self.stats.accepted_tokens += verdict.num_accepted
+        self._emit(seq, [*draft[: verdict.num_accepted], verdict.next_token])
+
+    def _prefilled(self, seq: Sequence, item: ForwardItem, logits, hidden) -> None:
+        seq.num_computed += len(item.token_ids)
+        self.drafter.add_context(seq.request_id, item.token_ids, hidden)
+        if seq.num_computed < len(seq.prompt_token_ids):
+            return
+        seq.status = Status.DECODE
+        seq.first_token_time = time.monotonic()
+        row = logits[-1]
+        token = (
+            greedy(row) if seq.params.greedy else sample(probs_from_logits(row, seq.params), seq.generator)
+        )
+        self._emit(seq, [token])
+
+    def _emit(self, seq: Sequence, tokens: list[int]) -> None:
+        """Append tokens one by one, stopping exactly where plain decoding would have stopped."""
+        params = seq.params
+        for token in tokens:
+            seq.output_token_ids.append(token)
+            seq.delta_token_ids.append(token)
+            self.stats.generated_tokens += 1
+            delta = seq.detokenizer.push(token)
+            if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
+                self._finish(seq, "stop")
+                break
+            if delta:
+                if params.stop and (cut := find_stop(seq.text + delta, len(delta), params.stop)) is not None:
+                    full = seq.text + delta
+                    keep = (
+                        full[: cut + len(next(s for s in params.stop if full.startswith(s, cut)))]
+                        if params.include_stop_str_in_output
+                        else full[:cut]
+                    )
+                    seq.delta_text += keep[len(seq.text) :]
+                    seq.text = keep
+                    self._finish(seq, "stop")
+                    break
+                seq.text += delta
+                seq.delta_text += delta
+            if len(seq.output_token_ids) >= params.max_tokens:
+                self._finish(seq, "length")
+                break
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason
+        self.blocks.release(seq.request_id)
+        self.drafter.release(seq.request_id)
+        if reason != "abort":
+            self.stats.finished_requests += 1
+        if reason == "abort":
+            self.seqs.pop(seq.request_id, None)

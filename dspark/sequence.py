@@ -1,0 +1,63 @@
+"""One request's state inside the engine."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from dspark.detokenizer import IncrementalDetokenizer
+from dspark.sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    detokenizer: IncrementalDetokenizer
+    generator: torch.Generator | None
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0  # tokens whose K/V are committed in the cache
+    status: Status = Status.PREFILL
+    finish_reason: str | None = None
+    text: str = ""
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_token_time: float | None = None
+    # Speculation counters: rounds with a verify, drafted tokens put to the target, accepted ones.
+    rounds: int = 0
+    verified_draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
+    # What the last step emitted, for streaming.
+    delta_token_ids: list[int] = field(default_factory=list)
+    delta_text: str = ""
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def remaining_tokens(self) -> int:
+        return self.params.max_tokens - len(self.output_token_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    @property
+    def mean_accept_length(self) -> float:
+        """tau: tokens gained per verify round, the bonus/correction token included."""
+        return (self.accepted_draft_tokens + self.rounds) / self.rounds if self.rounds else 0.0

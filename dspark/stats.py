@@ -1,0 +1,55 @@
+"""Engine-wide counters and step timings."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EngineStats:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    steps: int = 0
+    rounds: int = 0  # verify rounds summed over requests
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    finished_requests: int = 0
+    aborted_requests: int = 0
+    step_time_s: float = 0.0
+    forward_time_s: float = 0.0
+    draft_time_s: float = 0.0
+    recent_step_ms: deque = field(default_factory=lambda: deque(maxlen=256))
+
+    @property
+    def mean_accept_length(self) -> float:
+        return (self.accepted_tokens + self.rounds) / self.rounds if self.rounds else 0.0
+
+    @property
+    def overhead_fraction(self) -> float:
+        """Share of step time outside the target forward and the drafter: the engine's own cost."""
+        if self.step_time_s == 0:
+            return 0.0
+        return (self.step_time_s - self.forward_time_s - self.draft_time_s) / self.step_time_s
+
+    def to_dict(self) -> dict:
+        recent = sorted(self.recent_step_ms)
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "steps": self.steps,
+            "rounds": self.rounds,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "mean_accept_length": round(self.mean_accept_length, 4),
+            "acceptance_rate": round(self.accepted_tokens / self.drafted_tokens, 4)
+            if self.drafted_tokens
+            else 0.0,
+            "finished_requests": self.finished_requests,
+            "aborted_requests": self.aborted_requests,
+            "step_time_s": round(self.step_time_s, 4),
+            "forward_time_s": round(self.forward_time_s, 4),
+            "draft_time_s": round(self.draft_time_s, 4),
+            "overhead_fraction": round(self.overhead_fraction, 4),
+            "step_ms_p50": round(recent[len(recent) // 2], 3) if recent else 0.0,
+        }

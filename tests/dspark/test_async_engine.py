@@ -1,0 +1,85 @@
+"""AsyncEngine streams deltas, aborts abandoned requests, and fails in-flight requests on shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from dspark import LLM, AdmissionError, AsyncEngine, EngineDeadError, InvalidRequestError, SamplingParams
+from dspark.config import EngineConfig
+
+PARAMS = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+PROMPTS = ["import sys\n", "class Wrapper:\n    def", "x = [1, 2, 3]"]
+
+
+@pytest.fixture(scope="module")
+def offline(qwen3_dir):
+    return LLM(str(qwen3_dir), num_kv_blocks=64, block_size=8).generate(PROMPTS, PARAMS)
+
+
+async def collect(engine: AsyncEngine, prompt: str):
+    tokens, text, last = [], "", None
+    async for out in engine.generate(prompt, PARAMS):
+        tokens += out.delta_token_ids
+        text += out.delta_text
+        last = out
+    return tokens, text, last
+
+
+def test_concurrent_streams_equal_offline(qwen3_dir, offline):
+    engine = AsyncEngine(EngineConfig(model=str(qwen3_dir), drafter="ngram", num_kv_blocks=64, block_size=8))
+
+    async def main():
+        return await asyncio.gather(*(collect(engine, p) for p in PROMPTS))
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    for (tokens, text, last), expected in zip(results, offline):
+        assert tokens == expected.token_ids == last.token_ids
+        assert text == expected.text == last.text
+        assert last.finished and last.finish_reason == "length"
+
+
+def test_errors_surface_and_abandoned_stream_aborts(qwen3_dir):
+    engine = AsyncEngine(EngineConfig(model=str(qwen3_dir), num_kv_blocks=8, block_size=8))
+
+    async def main():
+        with pytest.raises(InvalidRequestError, match="prompt"):
+            async for _ in engine.generate("", PARAMS):
+                pass
+        with pytest.raises(AdmissionError, match="KV cache"):
+            async for _ in engine.generate("hello", SamplingParams(max_tokens=100)):
+                pass
+        stream = engine.generate("hello there", SamplingParams(max_tokens=40, ignore_eos=True))
+        first = await stream.__anext__()
+        assert first.delta_token_ids
+        await stream.aclose()  # the client went away mid-stream
+        for _ in range(200):  # poll with a bound: the abort is processed between steps
+            if engine.call(lambda e: not e.has_unfinished() and e.blocks.num_free_blocks == 8):
+                return True
+            await asyncio.sleep(0.01)
+        return False
+
+    try:
+        assert asyncio.run(main())
+        assert engine.stats.aborted_requests == 1
+    finally:
+        engine.shutdown()
+
+
+def test_shutdown_fails_in_flight_requests(qwen3_dir):
+    engine = AsyncEngine(EngineConfig(model=str(qwen3_dir), num_kv_blocks=64, block_size=8))
+
+    async def main():
+        stream = engine.generate("hello", SamplingParams(max_tokens=400, ignore_eos=True))
+        await stream.__anext__()
+        engine.shutdown()
+        with pytest.raises(EngineDeadError):
+            async for _ in stream:
+                pass
+
+    asyncio.run(main())
+    assert not engine.is_healthy()

@@ -21,15 +21,18 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# The demo stack from the standard library's own text: tokenizer, target, then every drafter
+# (about 15 minutes on an idle 2-core machine; steps already built are skipped).
 models: install
 	$(PY) -m drafter_service.build_models --out $(MODELS)
 
 bench: models
 	$(PY) bench/speed.py --model $(MODELS)/target
+	$(PY) bench/accept.py --models $(MODELS)
 
 demo: models
-	$(VENV)/bin/dspark generate --model $(MODELS)/target --drafter ngram --max-tokens 64 \
-		--prompt "def parse_args(argv):"
+	$(VENV)/bin/dspark generate --model $(MODELS)/target --drafter dspark --max-tokens 96 \
+		--temperature 0.8 --seed 1 --prompt "def parse_args(argv):" --json
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -47,6 +47,29 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _profile(args: argparse.Namespace) -> int:
+    from dspark.config import EngineConfig
+    from dspark.engine import Engine
+
+    options = {
+        "drafter": args.drafter,
+        "num_speculative_tokens": args.num_speculative_tokens,
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "dtype": args.dtype,
+        "device": args.device,
+        "cost_table_dir": args.cache_dir,
+        "cost_table_profile": "coarse" if args.coarse else "full",
+    }
+    if args.drafter_model:
+        options["drafter_model"] = args.drafter_model
+    # A fixed-length engine loads no table on start, so the one below is profiled at most once.
+    engine = Engine(EngineConfig(model=args.model, scheduler="fixed", num_kv_blocks=64, **options))
+    table = engine.load_cost_table(force=args.force)
+    print(json.dumps({"path": str(table.path), **table.to_dict()}))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dspark", description="DSpark speculative decoding kit")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -65,6 +88,22 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--num-speculative-tokens", type=int, default=5, help="block size gamma")
     gen.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
     gen.set_defaults(func=_generate)
+    prof = sub.add_parser(
+        "profile",
+        help="profile the verify step rate SPS(B) into the cost-table cache (serve with the same options)",
+    )
+    prof.add_argument("--model", required=True, help="local Hugging Face checkpoint directory (safetensors)")
+    prof.add_argument("--force", action="store_true", help="profile again even if a cached table matches")
+    prof.add_argument("--coarse", action="store_true", help="fewer points and repetitions (tiny models)")
+    prof.add_argument("--cache-dir", default=None, help="default $DSPARK_CACHE_DIR or ~/.cache/dspark")
+    prof.add_argument("--drafter", default="none", help=f"one of {available_drafters()}")
+    prof.add_argument("--drafter-model", default=None, help="checkpoint directory of a learned drafter")
+    prof.add_argument("--num-speculative-tokens", type=int, default=5, help="block size gamma")
+    prof.add_argument("--max-num-seqs", type=int, default=64)
+    prof.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    prof.add_argument("--dtype", default="float32")
+    prof.add_argument("--device", default="cpu")
+    prof.set_defaults(func=_profile)
     return parser
 
 

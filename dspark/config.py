@@ -6,9 +6,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dspark.draft_budget import DraftBudget
 from dspark.errors import InvalidRequestError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# How many drafted tokens are verified (DSPARK.md §5): dspark = Algorithm 1 with the early stop,
+# pipelined = capacity from two rounds back; baselines: fixed gamma, static confidence threshold,
+# mtp1 (one drafted token, verify window 2), plain (no drafting).
+SCHEDULERS = ("dspark", "pipelined", "fixed", "threshold", "mtp1", "plain")
 
 
 @dataclass(frozen=True)
@@ -29,10 +34,27 @@ class EngineConfig:
     max_num_batched_tokens: int = 1024
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     seed: int = 0
+    scheduler: str = "dspark"
+    confidence_threshold: float = 0.5  # threshold mode: verify drafts whose prefix survival reaches it
+    draft_budget: DraftBudget = field(default_factory=DraftBudget)  # at start; Engine.set_draft_budget
+    cost_table_dir: str | None = None  # SPS cache; default $DSPARK_CACHE_DIR or ~/.cache/dspark
+    cost_table_profile: str = "full"  # or "coarse": fewer points, for tiny models and tests
+    cost_table_ema: float = 0.05  # weight of each observed step in the table's online refresh; 0 freezes
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise InvalidRequestError("dtype", f"unknown dtype {self.dtype!r}; choose from {sorted(DTYPES)}")
+        if self.scheduler not in SCHEDULERS:
+            raise InvalidRequestError(
+                "scheduler", f"unknown mode {self.scheduler!r}; choose from {list(SCHEDULERS)}"
+            )
+        if self.cost_table_profile not in ("full", "coarse"):
+            raise InvalidRequestError("cost_table_profile", "must be 'full' or 'coarse'")
+        for name in ("confidence_threshold", "cost_table_ema"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise InvalidRequestError(name, "must be in [0, 1]")
+        if not isinstance(self.draft_budget, DraftBudget):
+            raise InvalidRequestError("draft_budget", "must be a DraftBudget")
         for name in ("num_speculative_tokens",):
             if getattr(self, name) < 0:
                 raise InvalidRequestError(name, "must be >= 0")

@@ -36,6 +36,8 @@ class DraftProposal:
     probs: torch.Tensor | None = None
     # [len(token_ids)] estimate of P(slot accepted | previous slots accepted); None when unknown.
     confidence: torch.Tensor | None = None
+    # The confidence head's raw logits before calibration, for fitting and monitoring calibration.
+    confidence_logits: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.probs is not None and self.probs.shape[0] != len(self.token_ids):
@@ -64,6 +66,11 @@ DrafterFactory = Callable[..., Drafter]
 _REGISTRY: dict[str, str] = {
     "none": "dspark.drafters.none:NoDrafter",
     "ngram": "dspark.drafters.ngram:NgramDrafter",
+    # Learned drafters live in drafter_service; named by import path so dspark never imports it.
+    "dspark": "drafter_service.block_runtime:BlockDraftRuntime",
+    "dflash": "drafter_service.block_runtime:BlockDraftRuntime",
+    "eagle3": "drafter_service.ar_runtime:ARDraftRuntime",
+    "mtp1": "drafter_service.ar_runtime:ARDraftRuntime",
 }
 
 
@@ -82,4 +89,4 @@ def create_drafter(name: str, **kwargs) -> Drafter:
     if name not in _REGISTRY:
         raise InvalidRequestError("drafter", f"unknown drafter {name!r}; available: {available_drafters()}")
     module, cls = _REGISTRY[name].split(":")
-    return getattr(importlib.import_module(module), cls)(**kwargs)
+    return getattr(importlib.import_module(module), cls)(name=name, **kwargs)

@@ -11,13 +11,16 @@ from __future__ import annotations
 import random
 import time
 import uuid
+from collections import deque
 from collections.abc import Sequence as Seq
 
 import torch
 
 from dspark.checkpoint import load_checkpoint
 from dspark.config import EngineConfig
+from dspark.cost_table import CostTable, ProfileShape, load_or_profile
 from dspark.detokenizer import IncrementalDetokenizer, find_stop
+from dspark.draft_budget import DraftBudget
 from dspark.drafter import Drafter, DraftProposal, DraftRequest, create_drafter
 from dspark.errors import AdmissionError, InvalidRequestError
 from dspark.kv_cache import BlockManager, KVCache
@@ -29,12 +32,16 @@ from dspark.sampling_params import SamplingParams
 from dspark.sequence import Sequence, Status
 from dspark.stats import EngineStats
 from dspark.verify import verify
-from dspark.verify_policy import FixedLength, VerifyLengthPolicy
+from dspark.verify_policy import SCHEDULED_MODES, VerifyLengthPolicy, VerifyRound, make_policy, window_limit
 
 
 class Engine:
     def __init__(
-        self, config: EngineConfig, drafter: Drafter | None = None, policy: VerifyLengthPolicy | None = None
+        self,
+        config: EngineConfig,
+        drafter: Drafter | None = None,
+        policy: VerifyLengthPolicy | None = None,
+        cost_table: CostTable | None = None,
     ) -> None:
         self.config = config
         ckpt = load_checkpoint(config.model)
@@ -71,17 +78,58 @@ class Engine:
             num_speculative_tokens=config.num_speculative_tokens,
             target=self.model,
             path=config.drafter_model,
+            target_path=config.model,
             **config.drafter_options,
         )
-        self.gamma = min(config.num_speculative_tokens, self.drafter.max_draft_tokens)
-        self.policy = policy or FixedLength(self.gamma)
+        self.gamma = window_limit(
+            config.scheduler, min(config.num_speculative_tokens, self.drafter.max_draft_tokens)
+        )
+        self.policy = policy or make_policy(config.scheduler, config.confidence_threshold)
         eos = set(cfg.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
         self.seqs: dict[str, Sequence] = {}  # running requests in arrival order
+        # Called after every verify round as fn(seq, proposal, num_verified, verdict): evaluation,
+        # calibration and monitoring read acceptance here without touching the step loop.
+        self.round_observers: list = []
         self.stats = EngineStats()
         self._rng = random.Random(config.seed)
+        self.draft_budget = self.stats.draft_budget = config.draft_budget
+        # Survival rows of the last two rounds: [0] is round t-2 when round t is scheduled.
+        self._survival_history: deque[list[list[float]]] = deque(maxlen=2)
+        self.cost_table = cost_table
+        # A drafter that never reports confidences (n-gram) has its windows verified in full: no table.
+        confident = getattr(self.drafter, "reports_confidence", True)
+        if cost_table is None and config.scheduler in SCHEDULED_MODES and self.gamma > 0 and confident:
+            self.load_cost_table()
+
+    # ---- verify budget and cost table --------------------------------------------------------------
+
+    def set_draft_budget(self, budget: DraftBudget) -> None:
+        """Replace the draft budget; the next step obeys it, running requests carry on."""
+        if not isinstance(budget, DraftBudget):
+            raise InvalidRequestError("budget", "must be a DraftBudget")
+        self.draft_budget = self.stats.draft_budget = budget
+
+    def load_cost_table(self, force: bool = False) -> CostTable:
+        """Load SPS(B) for this model, hardware and configuration from the cache, or profile it."""
+        if self.seqs:
+            raise RuntimeError("profiling overwrites the KV cache: only while no request is running")
+        config = self.config
+        shape = ProfileShape(
+            max_tokens=config.max_num_batched_tokens,
+            max_seqs=config.max_num_seqs,
+            gamma=config.num_speculative_tokens,
+            context_len=min(256, self.max_model_len // 2),
+            block_size=config.block_size,
+            dtype=config.dtype,
+            device=config.device,
+            tap_layers=tuple(self.drafter.target_layer_ids),
+            coarse=config.cost_table_profile == "coarse",
+        )
+        self.cost_table = load_or_profile(self.runner, config.model, shape, config.cost_table_dir, force)
+        return self.cost_table
 
     # ---- requests -------------------------------------------------------------------------------
 
@@ -177,10 +225,15 @@ class Engine:
         decoding = [s for s in self.seqs.values() if s.status is Status.DECODE]
         prefilling = [s for s in self.seqs.values() if s.status is Status.PREFILL]
 
+        step_cap = budget - len(decoding)
+        if self.draft_budget.max_step_tokens is not None:
+            step_cap = min(step_cap, self.draft_budget.max_step_tokens)
+        caps = self._draft_caps(decoding, step_cap)
         t_draft = time.perf_counter()
-        proposals = self._propose(decoding)
+        proposals = self._propose(decoding, caps)
         draft_time = time.perf_counter() - t_draft
-        lengths = self.policy.choose(proposals, budget)
+        round_ = self._verify_round(proposals, caps, step_cap)
+        lengths = self.policy.choose(round_)
 
         items: list[ForwardItem] = []
         for seq, proposal, n in zip(decoding, proposals, lengths):
@@ -206,9 +259,13 @@ class Engine:
         t_forward = time.perf_counter()
         result = self.runner.forward(items, self.drafter.target_layer_ids)
         forward_time = time.perf_counter() - t_forward
+        if self.cost_table is not None and self.config.cost_table_ema > 0:
+            num_tokens = sum(len(item.token_ids) for item in items)
+            self.cost_table.observe(num_tokens, forward_time, self.config.cost_table_ema)
 
         for i, (seq, proposal, n) in enumerate(zip(decoding, proposals, lengths)):
-            self._accept(seq, proposal, n, result.logits[i], result.hidden[i])
+            accepted = self._accept(seq, proposal, n, result.logits[i], result.hidden[i])
+            self.stats.record_round(n, round_.survival[i], accepted)
         for i, seq in enumerate(chunks, start=len(decoding)):
             self._prefilled(seq, items[i], result.logits[i], result.hidden[i])
 
@@ -225,11 +282,27 @@ class Engine:
         st.recent_step_ms.append(elapsed * 1e3)
         return changed
 
-    def _propose(self, decoding: list[Sequence]) -> list[DraftProposal]:
+    def _draft_caps(self, decoding: list[Sequence], step_cap: int) -> list[int]:
+        """Drafted tokens each request may have verified this round: gamma, max_tokens, the budget."""
+        caps = []
+        for seq in decoding:
+            # Never draft past max_tokens: a round gains at most l + 1 tokens.
+            cap = min(self.gamma, seq.remaining_tokens - 1, step_cap)
+            limit = self.draft_budget.request_cap(seq.params.sla_class)
+            caps.append(max(0, cap if limit is None else min(cap, limit)))
+        return caps
+
+    def _verify_round(self, proposals: list[DraftProposal], caps: list[int], step_cap: int) -> VerifyRound:
+        """What the policy sees; the pipelined variant gets survival of round t-2 only (its firewall)."""
+        history = self._survival_history[0] if len(self._survival_history) == 2 else None
+        round_ = VerifyRound.build(proposals, caps, step_cap, self.cost_table, history)
+        if proposals:
+            self._survival_history.append([row or [] for row in round_.survival])
+        return round_
+
+    def _propose(self, decoding: list[Sequence], caps: list[int]) -> list[DraftProposal]:
         proposals = [DraftProposal([]) for _ in decoding]
-        # Never draft past max_tokens: a round gains at most l + 1 tokens.
-        wanted = [(i, min(self.gamma, s.remaining_tokens - 1)) for i, s in enumerate(decoding)]
-        wanted = [(i, k) for i, k in wanted if k > 0]
+        wanted = [(i, k) for i, k in enumerate(caps) if k > 0]
         if wanted:
             requests = [
                 DraftRequest(
@@ -249,7 +322,8 @@ class Engine:
                 proposals[i] = proposal
         return proposals
 
-    def _accept(self, seq: Sequence, proposal: DraftProposal, n: int, logits, hidden) -> None:
+    def _accept(self, seq: Sequence, proposal: DraftProposal, n: int, logits, hidden) -> int:
+        """Verify n drafted tokens, commit the accepted ones and emit; returns how many were accepted."""
         draft = proposal.token_ids[:n]
         probs = proposal.probs[:n] if proposal.probs is not None else None
         verdict = verify(logits, draft, probs, seq.params, seq.generator)
@@ -268,7 +342,10 @@ class Engine:
         self.stats.rounds += 1
         self.stats.drafted_tokens += n
         self.stats.accepted_tokens += verdict.num_accepted
+        for observe in self.round_observers:
+            observe(seq, proposal, n, verdict)
         self._emit(seq, [*draft[: verdict.num_accepted], verdict.next_token])
+        return verdict.num_accepted
 
     def _prefilled(self, seq: Sequence, item: ForwardItem, logits, hidden) -> None:
         seq.num_computed += len(item.token_ids)

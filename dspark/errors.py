@@ -15,6 +15,10 @@ class InvalidRequestError(DSparkError, ValueError):
         self.field = field
         self.message = message
 
+    def __reduce__(self):
+        # Errors cross process boundaries (Ray replicas); pickle rebuilds from (field, message).
+        return type(self), (self.field, self.message)
+
 
 class AdmissionError(DSparkError):
     """The engine cannot take the request now (HTTP 429, gRPC RESOURCE_EXHAUSTED).

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from collections import deque
+import math
+from collections import Counter, deque
 from dataclasses import dataclass, field
+
+from dspark.draft_budget import DraftBudget
 
 
 @dataclass
@@ -20,10 +23,28 @@ class EngineStats:
     forward_time_s: float = 0.0
     draft_time_s: float = 0.0
     recent_step_ms: deque = field(default_factory=lambda: deque(maxlen=256))
+    # The verify-length scheduler: its budget, the lengths it chose (l -> request-rounds), and in
+    # rounds with confidences the accepted drafts it expected (sum of survival) against those accepted.
+    draft_budget: DraftBudget = field(default_factory=DraftBudget)
+    verify_lengths: Counter = field(default_factory=Counter)
+    predicted_accepted_tokens: float = 0.0
+    realised_accepted_tokens: int = 0
+
+    def record_round(self, verified: int, survival: list[float] | None, accepted: int) -> None:
+        """One request's verify round: `verified` drafted tokens checked, `accepted` of them kept."""
+        self.verify_lengths[verified] += 1
+        if survival is not None:
+            self.predicted_accepted_tokens += math.fsum(survival[:verified])
+            self.realised_accepted_tokens += accepted
 
     @property
     def mean_accept_length(self) -> float:
         return (self.accepted_tokens + self.rounds) / self.rounds if self.rounds else 0.0
+
+    @property
+    def verify_length_hist(self) -> list[int]:
+        """Request-rounds by verified drafted tokens: entry l counts rounds that verified l."""
+        return [self.verify_lengths[n] for n in range(max(self.verify_lengths, default=-1) + 1)]
 
     @property
     def overhead_fraction(self) -> float:
@@ -52,4 +73,9 @@ class EngineStats:
             "draft_time_s": round(self.draft_time_s, 4),
             "overhead_fraction": round(self.overhead_fraction, 4),
             "step_ms_p50": round(recent[len(recent) // 2], 3) if recent else 0.0,
+            "draft_budget": self.draft_budget.to_dict(),
+            "mean_verify_tokens": round(self.drafted_tokens / self.rounds, 4) if self.rounds else 0.0,
+            "verify_length_hist": self.verify_length_hist,
+            "predicted_accepted_tokens": round(self.predicted_accepted_tokens, 4),
+            "realised_accepted_tokens": self.realised_accepted_tokens,
         }

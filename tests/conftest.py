@@ -71,6 +71,14 @@ def build_checkpoint(directory: Path, arch: str, tokenizer, seed: int = 0, **ove
     return directory
 
 
+@pytest.fixture(scope="session", autouse=True)
+def cost_table_cache(tmp_path_factory):
+    """Engines that profile SPS(B) cache it per test session, not in the user's ~/.cache/dspark."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DSPARK_CACHE_DIR", str(tmp_path_factory.mktemp("cost_tables")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return train_tokenizer()

@@ -14,6 +14,7 @@ from dspark.drafter import DraftProposal, DraftRequest
 class NgramDrafter:
     name = "ngram"
     target_layer_ids: tuple[int, ...] = ()
+    reports_confidence = False  # so the engine profiles no cost table for it
 
     def __init__(
         self,

@@ -12,9 +12,18 @@ import itertools
 
 import pytest
 import torch
+from lossless_check import (
+    PARAMS,
+    PROMPT,
+    SAMPLES,
+    VOCAB,
+    build_small_vocab_target,
+    exact_marginals,
+    p_values,
+    sample_counts,
+)
 from scipy.stats import chisquare
 from test_drafters import AdversarialDrafter
-from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 import dspark.engine
 from dspark import SamplingParams
@@ -23,55 +32,12 @@ from dspark.engine import Engine
 from dspark.sampling import probs_from_logits, sample
 from dspark.verify import Verdict, verify
 
-VOCAB, PROMPT, SAMPLES, POSITIONS = 8, [1, 2, 3], 3000, 3
-# max_tokens leaves room for a full 3-token draft after the first (prefill) token.
-PARAMS = [
-    SamplingParams(temperature=1.0, max_tokens=POSITIONS + 2, ignore_eos=True),
-    SamplingParams(temperature=0.8, top_k=6, top_p=0.9, max_tokens=POSITIONS + 2, ignore_eos=True),
-]
-
 
 @pytest.fixture(scope="module")
 def small_vocab_dir(tmp_path_factory):
-    torch.manual_seed(3)
-    config = Qwen3Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-        eos_token_id=None,
-    )
-    model = Qwen3ForCausalLM(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.5)
     path = tmp_path_factory.mktemp("small_vocab")
-    model.save_pretrained(path, safe_serialization=True)
+    build_small_vocab_target(path)
     return path
-
-
-def exact_marginals(path, params: SamplingParams) -> torch.Tensor:
-    """[POSITIONS, VOCAB]: P(token at position i) under the target alone, by enumerating prefixes."""
-    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    marginals = torch.zeros(POSITIONS, VOCAB)
-    prefix_prob = {(): 1.0}
-    with torch.no_grad():
-        for pos in range(POSITIONS):
-            next_prob = {}
-            for prefix, mass in prefix_prob.items():
-                logits = reference(torch.tensor([PROMPT + list(prefix)])).logits[0, -1]
-                p = probs_from_logits(logits, params)
-                marginals[pos] += mass * p
-                for t in range(VOCAB):
-                    next_prob[prefix + (t,)] = mass * float(p[t])
-            prefix_prob = next_prob
-    return marginals
 
 
 def sample_through_engine(path, params: SamplingParams) -> torch.Tensor:
@@ -89,32 +55,10 @@ def sample_through_engine(path, params: SamplingParams) -> torch.Tensor:
     first = torch.log_softmax(torch.randn(VOCAB, generator=torch.Generator().manual_seed(5)), -1)
     engine.drafter = AdversarialDrafter(-3 * first, gamma=3)
     engine.gamma = engine.policy.gamma = 3
-    counts = torch.zeros(POSITIONS, VOCAB)
-    started = 0
-    while started < SAMPLES or engine.has_unfinished():
-        while started < SAMPLES and len(engine.seqs) < 64:
-            engine.add_request(PROMPT, params)
-            started += 1
-        for out in engine.step():
-            if out.finished:
-                for pos, t in enumerate(out.token_ids[:POSITIONS]):
-                    counts[pos, t] += 1
+    counts = sample_counts(engine, params)
     assert engine.stats.drafted_tokens > SAMPLES  # the drafter really took part
     assert 0 < engine.stats.accepted_tokens < engine.stats.drafted_tokens
     return counts
-
-
-def p_values(counts: torch.Tensor, expected: torch.Tensor) -> list[float]:
-    out = []
-    for pos in range(POSITIONS):
-        keep = expected[pos] > 0
-        assert counts[pos][~keep].sum() == 0, "a token the target can never emit was emitted"
-        if keep.sum() == 1:  # one possible token: the check above already proved the match
-            out.append(1.0)
-            continue
-        exp = expected[pos][keep] * counts[pos].sum()
-        out.append(float(chisquare(counts[pos][keep].numpy(), exp.numpy()).pvalue))
-    return out
 
 
 def broken_verify(target_logits, draft_tokens, draft_probs, params, generator) -> Verdict:

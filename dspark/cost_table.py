@@ -1,0 +1,219 @@
+"""The cost table SPS(B): verify steps per second of a target forward with B tokens across the batch.
+
+Profiled once with the engine's own runner (dummy requests with cached context), densely at small B
+where the rate changes fastest and geometrically above, refined where neighbours differ, smoothed by
+an isotonic (pool-adjacent-violators) fit so SPS never rises with B, and linearly interpolated in
+between. Tables are cached as JSON under a key of model, hardware and engine configuration, and heal
+online: every observed step moves its bucket by an exponential moving average.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from dspark.runner import ForwardItem, ModelRunner
+
+FORMAT_VERSION = 1
+
+
+def isotonic_non_increasing(values: list[float], weights: list[float] | None = None) -> list[float]:
+    """The weighted least-squares non-increasing fit of `values` (pool adjacent violators)."""
+    weights = weights or [1.0] * len(values)
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for v, w in zip(values, weights):
+        blocks.append([v, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] < blocks[-1][0]:
+            (m1, w1, n1), (m2, w2, n2) = blocks[-2], blocks.pop()
+            blocks[-1] = [(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2]
+    return [m for m, _, n in blocks for _ in range(n)]
+
+
+class CostTable:
+    """SPS(B) for B = 1 .. max_tokens, from measured rates at `points` (ascending, starting at 1)."""
+
+    def __init__(self, points: list[int], rates: list[float], max_tokens: int, source: str = "given") -> None:
+        if not points or points[0] != 1 or any(b <= a for a, b in zip(points, points[1:])):
+            raise ValueError("points must be ascending and start at B = 1")
+        if len(rates) != len(points) or not all(r > 0 and math.isfinite(r) for r in rates):
+            raise ValueError("need one positive finite rate per point")
+        self.points, self.rates, self.max_tokens = list(points), [float(r) for r in rates], max_tokens
+        self.source = source  # "profiled", "cache" or "given": where the table came from
+        self.path: Path | None = None  # its cache file, when it has one
+        self.observations = 0
+        self._fit()
+
+    def _fit(self) -> None:
+        self.smoothed = isotonic_non_increasing(self.rates)
+        self._dense = np.interp(np.arange(1, self.max_tokens + 1), self.points, self.smoothed)
+
+    def __call__(self, num_tokens: int) -> float:
+        return float(self._dense[min(max(num_tokens, 1), self.max_tokens) - 1])
+
+    def observe(self, num_tokens: int, seconds: float, weight: float) -> None:
+        """Fold one observed forward into the table, so drift (heat, neighbours, context) heals."""
+        if seconds <= 0 or weight <= 0:
+            return
+        k = bisect.bisect_right(self.points, num_tokens) - 1
+        # Carry the observation at B to its bucket's point along the table's own shape.
+        target = self.smoothed[k] / (seconds * self(num_tokens))
+        self.rates[k] += weight * (target - self.rates[k])
+        self.observations += 1
+        self._fit()
+
+    def to_dict(self) -> dict:
+        return {
+            "max_tokens": self.max_tokens,
+            "points": self.points,
+            "rates": [round(r, 6) for r in self.rates],
+            "smoothed": [round(r, 6) for r in self.smoothed],
+            "source": self.source,
+            "observations": self.observations,
+        }
+
+
+@dataclass(frozen=True)
+class ProfileShape:
+    """Everything besides the model and the hardware that shapes a verify forward and its speed."""
+
+    max_tokens: int  # B runs over 1 .. max_tokens (the engine's max_num_batched_tokens)
+    max_seqs: int
+    gamma: int  # a verifying request runs gamma + 1 tokens
+    context_len: int  # tokens each dummy request already has in the cache
+    block_size: int
+    dtype: str
+    device: str
+    tap_layers: tuple[int, ...] = ()
+    coarse: bool = False  # fewer points and repetitions: for tiny models and tests
+
+
+def default_cache_dir() -> Path:
+    if os.environ.get("DSPARK_CACHE_DIR"):
+        return Path(os.environ["DSPARK_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dspark"
+
+
+def fingerprint(model_dir: str | Path, shape: ProfileShape) -> dict:
+    """What a table is valid for: model (config, weight files), hardware, engine configuration."""
+    model_dir = Path(model_dir)
+    weights = [
+        [p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(model_dir.glob("*.safetensors"))
+    ]
+    if shape.device.startswith("cuda"):
+        device_name = torch.cuda.get_device_name(torch.device(shape.device))
+    else:
+        device_name = _cpu_model()
+    return {
+        "model": {
+            "config_sha256": hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest(),
+            "weights": weights,
+        },
+        "hardware": {"device": device_name, "threads": torch.get_num_threads(), "torch": torch.__version__},
+        "engine": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(shape).items()},
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def load_or_profile(
+    runner: ModelRunner,
+    model_dir: str | Path,
+    shape: ProfileShape,
+    cache_dir: str | Path | None = None,
+    force: bool = False,
+) -> CostTable:
+    """The cached table for this fingerprint, or a fresh profile (also when `force`) written to the cache."""
+    fp = fingerprint(model_dir, shape)
+    key = hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:20]
+    path = Path(cache_dir or default_cache_dir()) / f"sps-{key}.json"
+    if not force and path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            if data.get("version") == FORMAT_VERSION and data.get("fingerprint") == fp:
+                table = CostTable(data["points"], data["rates"], data["max_tokens"], source="cache")
+                table.path = path
+                return table
+        except (OSError, ValueError, KeyError):
+            pass  # unreadable or stale: profile again and overwrite
+    table = profile(runner, shape)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"version": FORMAT_VERSION, "fingerprint": fp, **table.to_dict()}, indent=1))
+    os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the new one
+    table.path = path
+    return table
+
+
+def profile(runner: ModelRunner, shape: ProfileShape) -> CostTable:
+    """Time real runner forwards at a grid of B, refining where neighbouring rates differ by > 10 %.
+
+    Writes garbage K/V into the cache, so it must run while no request holds blocks.
+    """
+    repeats, max_extra = (2, 4) if shape.coarse else (5, 24)
+    grid = _grid(shape.max_tokens, shape.coarse)
+    rates: dict[int, float] = {}
+    with tqdm(total=len(grid), desc="profiling SPS(B)", unit="B", disable=None) as bar:
+        for _ in range(2):  # warm-up: first calls pay for allocation and kernel selection
+            _time_forward(runner, shape, grid[-1])
+        todo, extra = list(grid), 0
+        while todo:
+            for b in todo:
+                _time_forward(runner, shape, b)
+                rates[b] = 1.0 / statistics.median(_time_forward(runner, shape, b) for _ in range(repeats))
+                bar.update(1)
+            points = sorted(rates)
+            todo = [
+                (a + b) // 2
+                for a, b in zip(points, points[1:])
+                if b - a > 1 and abs(rates[a] - rates[b]) > 0.1 * max(rates[a], rates[b])
+            ][: max_extra - extra]
+            extra += len(todo)
+            bar.total += len(todo)
+    points = sorted(rates)
+    return CostTable(points, [rates[b] for b in points], shape.max_tokens, source="profiled")
+
+
+def _grid(max_tokens: int, coarse: bool) -> list[int]:
+    dense, ratio = (4, 2.0) if coarse else (16, 1.25)
+    points = set(range(1, min(dense, max_tokens) + 1))
+    b = dense
+    while b < max_tokens:
+        b = max(b + 1, math.ceil(b * ratio))
+        points.add(min(b, max_tokens))
+    return sorted(points)
+
+
+def _time_forward(runner: ModelRunner, shape: ProfileShape, num_tokens: int) -> float:
+    """Seconds of one verify-shaped forward: B tokens over as many requests as gamma + 1 windows need."""
+    num_seqs = min(shape.max_seqs, num_tokens, max(1, math.ceil(num_tokens / (shape.gamma + 1))))
+    num_blocks = runner.kv.k[0].shape[0] // shape.block_size
+    items = []
+    for r in range(num_seqs):
+        n = num_tokens // num_seqs + (r < num_tokens % num_seqs)
+        blocks = math.ceil((shape.context_len + n) / shape.block_size)
+        # Dummy requests may share pages: only the amount of attention work matters here.
+        table = [(r * blocks + i) % num_blocks for i in range(blocks)]
+        items.append(ForwardItem([r % 2] * n, shape.context_len, table, logits_from=0))
+    start = time.perf_counter()
+    runner.forward(items, shape.tap_layers)  # returns logits on the CPU, so the device has finished
+    return time.perf_counter() - start

@@ -1,0 +1,97 @@
+"""The hardware-aware prefix scheduler (DSPARK.md §5, Algorithm 1 of the paper), as pure functions.
+
+Inputs are plain floats: per request the prefix survival a_{r,1..n} = prod_{i<=j} c_{r,i} of the
+drafted tokens it may verify (already cut to its budget), and SPS(B), the target's step rate for a
+forward of B tokens. Output: how many drafted tokens of each request the target verifies.
+
+Why the early stop keeps verification lossless. Rejection sampling at slot j emits exactly p_T only
+if the event "slot j is verified" is independent of x_j given x_{<j}. A confidence c_j is computed
+before x_j is sampled (it reads x_{j-1}), so a_{r,j} is a function of x_{r,<j}. The walk visits
+pairs in descending survival with ties broken by request then position; a_{r,j} never rises with j,
+so the pairs ahead of (r, j) are (r, 1..j-1) and pairs of other requests whose order against
+(r, j) is settled by a_{r,j} itself. With the stop, (r, j) is verified iff every pair ahead was kept
+and (r, j) raises the throughput estimate: a function of x_{r,<j} and of independent requests. A
+search that looks past a drop (keeps the best of all prefixes) verifies slot j because of
+a_{r,j+1}, a function of x_{r,j}: the bias of the paper's Appendix A (0.7/0.3 turns into 0.85/0.15).
+The pipelined variant keeps the same property by taking its capacity K from confidences of two
+rounds earlier and using the live ones only to rank: the rank of (r, j) depends on x_{r,<j} alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+Sps = Callable[[int], float]  # steps per second of a forward with B tokens in total
+
+
+def survival(confidences: Iterable[float]) -> list[float]:
+    """Prefix survival a_j = prod_{i<=j} c_i; confidences are clamped to [0, 1] and NaN counts as 0."""
+    out, a = [], 1.0
+    for c in confidences:
+        a *= min(1.0, c) if c > 0 else 0.0  # `c > 0` is False for NaN
+        out.append(a)
+    return out
+
+
+def ranked(survivals: Sequence[Sequence[float]]) -> list[tuple[int, int]]:
+    """Every (request, position) pair, positions 1-based, in descending survival.
+
+    Ties go to the lower request index, then the earlier position; token values never enter, so
+    equal confidences cannot leak which token was drawn into the order.
+    """
+    pairs = [(-a, r, j) for r, surv in enumerate(survivals) for j, a in enumerate(surv, start=1)]
+    pairs.sort()
+    return [(r, j) for _, r, j in pairs]
+
+
+def schedule(
+    survivals: Sequence[Sequence[float]], sps: Sps, step_cap: int, fixed_tokens: int = 0
+) -> list[int]:
+    """Algorithm 1 with the early stop: verify lengths l_r, at most `step_cap` drafted tokens in all.
+
+    `fixed_tokens` are drafted tokens already committed to this forward (requests verified without
+    confidences); they count in B but add nothing to the expected tokens tau.
+    """
+    num_requests = len(survivals)
+    lengths = [0] * num_requests
+    tokens = num_requests + fixed_tokens
+    tau = float(num_requests)
+    best = tau * sps(tokens)
+    for kept, (r, j) in enumerate(ranked(survivals)):
+        if kept == step_cap:
+            break
+        tau += survivals[r][j - 1]
+        tokens += 1
+        theta = tau * sps(tokens)
+        if theta <= best:
+            break  # the stop: never look past a drop (see the module docstring)
+        lengths[r], best = j, theta
+    return lengths
+
+
+def best_capacity(
+    survivals: Sequence[Sequence[float]], num_requests: int, sps: Sps, step_cap: int, fixed_tokens: int = 0
+) -> int:
+    """How many drafted tokens maximise tau * SPS(B) over every prefix of the ranking, with no stop.
+
+    Only safe on confidences whose tokens are already resolved (the pipelined variant feeds it the
+    round two rounds back): on live confidences this is the biased search of Appendix A.
+    """
+    values = sorted((a for surv in survivals for a in surv), reverse=True)[: max(0, step_cap)]
+    tokens = num_requests + fixed_tokens
+    tau = float(num_requests)
+    best, capacity = tau * sps(tokens), 0
+    for k, a in enumerate(values, start=1):
+        tau += a
+        theta = tau * sps(tokens + k)
+        if theta > best:
+            best, capacity = theta, k
+    return capacity
+
+
+def pick_top(survivals: Sequence[Sequence[float]], capacity: int) -> list[int]:
+    """Verify the `capacity` highest-survival pairs (a prefix of the ranking, so prefixes per request)."""
+    lengths = [0] * len(survivals)
+    for r, j in ranked(survivals)[: max(0, capacity)]:
+        lengths[r] = j
+    return lengths

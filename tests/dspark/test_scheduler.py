@@ -1,0 +1,182 @@
+"""The prefix scheduler and the verify-length policies as pure functions: hand-computed cases, the
+early stop, tie-breaking, the prefix property, budget caps, and the baseline modes."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from dspark.config import SCHEDULERS, EngineConfig
+from dspark.draft_budget import DraftBudget
+from dspark.drafter import DraftProposal
+from dspark.errors import InvalidRequestError
+from dspark.scheduler import best_capacity, pick_top, ranked, schedule, survival
+from dspark.verify_policy import (
+    ConfidenceThreshold,
+    FixedLength,
+    ScheduledLength,
+    VerifyRound,
+    make_policy,
+    window_limit,
+)
+
+
+def table(rates: dict[int, float]):
+    return lambda b: rates[b]
+
+
+# Two requests: a = [0.9, 0.72] and [0.6, 0.3]. SPS falls, then flattens after B = 5.
+ROWS = [survival([0.9, 0.8]), survival([0.6, 0.5])]
+SPS = table({2: 10.0, 3: 9.0, 4: 8.0, 5: 6.8, 6: 6.5})
+
+
+def test_survival_is_the_clamped_running_product():
+    assert survival([0.9, 0.8, 0.5]) == pytest.approx([0.9, 0.72, 0.36])
+    assert survival([1.5, float("nan"), 0.7]) == [1.0, 0.0, 0.0]
+    assert survival([-0.2, 0.9]) == [0.0, 0.0]
+
+
+def test_algorithm1_hand_computed():
+    # B=2: tau=2, theta*=20. (0,1): B=3 tau=2.9 theta=26.1 keep. (0,2): B=4 tau=3.62 theta=28.96 keep.
+    # (1,1): B=5 tau=4.22 theta=28.696 <= 28.96: stop.
+    assert schedule(ROWS, SPS, step_cap=10) == [2, 0]
+
+
+def test_early_stop_never_looks_past_a_drop():
+    # (1,2) would lift theta to 4.52 * 6.5 = 29.38 > 28.96, but only past the drop at (1,1).
+    assert best_capacity(ROWS, 2, SPS, step_cap=10) == 4
+    assert pick_top(ROWS, 4) == [2, 2]
+    assert schedule(ROWS, SPS, step_cap=10) == [2, 0]
+
+
+def test_step_cap_and_fixed_tokens():
+    assert schedule(ROWS, SPS, step_cap=1) == [1, 0]
+    assert schedule(ROWS, SPS, step_cap=0) == [0, 0]
+    # Two tokens already committed elsewhere: the walk starts at B=4, theta*=2*8=16; (0,1): 2.9*6.8=19.72
+    # keep; (0,2): 3.62*6.5=23.53 keep; the table ends there.
+    assert schedule(ROWS, table({4: 8.0, 5: 6.8, 6: 6.5, 7: 1.0}), step_cap=10, fixed_tokens=2) == [2, 0]
+
+
+def test_ties_go_to_request_then_position_never_token():
+    rows = [[0.5], [0.5], [0.5, 0.5]]
+    assert ranked(rows) == [(0, 1), (1, 1), (2, 1), (2, 2)]
+    assert pick_top(rows, 2) == [1, 1, 0]
+    # Same confidences, different tokens: the same lengths; swapped requests: the earlier one wins.
+    flat = table(dict.fromkeys(range(1, 20), 1.0))
+    a = DraftProposal([3, 4], confidence=torch.tensor([0.5, 1.0]))
+    b = DraftProposal([7, 1], confidence=torch.tensor([0.5, 1.0]))
+    policy = ScheduledLength()
+    for first, second in ((a, b), (b, a)):
+        assert policy.choose(VerifyRound.build([first, second], [2, 2], step_cap=3, sps=flat)) == [2, 1]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_prefix_property_on_random_rounds(seed):
+    """The kept pairs are always a prefix of the ranking, so each request verifies a prefix of its
+    draft, theta rises at every kept pair, and the walk stops exactly at the first non-rise."""
+    rng = random.Random(seed)
+    rows = [
+        survival([round(rng.random(), 1) for _ in range(rng.randint(0, 5))]) for _ in range(rng.randint(1, 6))
+    ]
+    rates, rate = {}, rng.uniform(50, 100)
+    for b in range(1, 40):
+        rates[b] = rate
+        rate *= rng.choice([1.0, 0.99, 0.95, 0.7])  # flat stretches and cliffs
+    sps, cap = table(rates), rng.randint(0, 12)
+    lengths = schedule(rows, sps, cap)
+    order = ranked(rows)
+    k = sum(lengths)
+    assert k <= cap and all(0 <= n <= len(row) for n, row in zip(lengths, rows))
+    assert pick_top(rows, k) == lengths
+    tau, theta = float(len(rows)), len(rows) * sps(len(rows))
+    for i, (r, j) in enumerate(order[: k + 1]):
+        tau += rows[r][j - 1]
+        new = tau * sps(len(rows) + i + 1)
+        if i < k:
+            assert new > theta
+            theta = new
+        elif k < cap:
+            assert new <= theta
+
+
+def test_pipelined_takes_capacity_from_history_and_ranks_live():
+    flat_then_cliff = table({b: 10.0 if b <= 4 else 1.0 for b in range(1, 20)})
+    live = [[0.2, 0.1], [0.9, 0.8]]
+    policy = ScheduledLength(pipelined=True)
+    # Without history it is Algorithm 1 on the live round.
+    no_history = VerifyRound([2, 2], live, 4, flat_then_cliff)
+    assert policy.choose(no_history) == schedule(live, flat_then_cliff, 4)
+    # History worth two tokens: the two most certain live tokens are verified, whatever their value.
+    for history in ([[0.9, 0.9], []], [[0.1, 0.1], [0.1, 0.1]]):
+        k = best_capacity(history, 2, flat_then_cliff, 4)
+        assert k == 2
+        assert policy.choose(VerifyRound([2, 2], live, 4, flat_then_cliff, history)) == [0, 2]
+
+
+def test_requests_without_confidences_keep_their_window():
+    flat = table(dict.fromkeys(range(1, 20), 1.0))
+    cliff = table({b: 10.0 if b <= 5 else 1.0 for b in range(1, 20)})
+    rnd = VerifyRound([3, 2], [None, [0.9, 0.5]], step_cap=10, sps=cliff)
+    # Request 0 (no confidence) takes 3 tokens: B starts at 2 + 3 = 5, so one more falls off the cliff.
+    assert ScheduledLength().choose(rnd) == [3, 0]
+    assert ScheduledLength().choose(VerifyRound([3, 2], [None, [0.9, 0.5]], 10, flat)) == [3, 2]
+    # No cost table: every window in full, trimmed to the step cap longest first.
+    assert ScheduledLength().choose(VerifyRound([3, 2], [[0.9] * 3, [0.9, 0.5]], 4, None)) == [2, 2]
+
+
+def test_budget_caps_cut_windows():
+    proposals = [
+        DraftProposal([1, 2, 3, 4], confidence=torch.tensor([0.9, 0.9, 0.9, 0.9])),
+        DraftProposal([5]),
+    ]
+    rnd = VerifyRound.build(proposals, [2, 3], step_cap=10)
+    assert rnd.windows == [2, 1] and rnd.survival == [pytest.approx([0.9, 0.81]), None]
+    flat = table(dict.fromkeys(range(1, 20), 1.0))
+    assert ScheduledLength().choose(VerifyRound.build(proposals, [2, 3], 10, flat)) == [2, 1]
+    assert ScheduledLength().choose(VerifyRound.build(proposals, [4, 3], 2, flat)) == [1, 1]
+
+
+def test_draft_budget_per_request_and_class():
+    budget = DraftBudget(max_step_tokens=8, max_request_tokens=3, max_request_tokens_by_class={"batch": 1})
+    assert budget.request_cap(None) == 3 and budget.request_cap("batch") == 1 and budget.request_cap("x") == 3
+    assert DraftBudget().request_cap("batch") is None
+    assert budget.to_dict() == {
+        "max_step_tokens": 8,
+        "max_request_tokens": 3,
+        "max_request_tokens_by_class": {"batch": 1},
+    }
+    for bad in (
+        dict(max_step_tokens=-1),
+        dict(max_request_tokens=1.5),
+        dict(max_request_tokens_by_class={"a": -2}),
+    ):
+        with pytest.raises(InvalidRequestError):
+            DraftBudget(**bad)
+
+
+def test_threshold_and_fixed_modes():
+    rows = [survival([0.9, 0.9, 0.5]), survival([0.4, 1.0]), None]
+    rnd = VerifyRound([3, 2, 2], rows, step_cap=10)
+    assert ConfidenceThreshold(0.5).choose(rnd) == [2, 0, 2]  # 0.9, 0.81 | 0.4 below | no confidence
+    assert ConfidenceThreshold(0.5).choose(VerifyRound([3, 2, 2], rows, step_cap=3)) == [1, 0, 2]
+    assert FixedLength().choose(rnd) == [3, 2, 2]
+    assert FixedLength().choose(VerifyRound([3, 2, 2], rows, step_cap=4)) == [1, 1, 2]
+
+
+def test_every_mode_builds():
+    assert [window_limit(m, 5) for m in SCHEDULERS] == [5, 5, 5, 5, 1, 0]
+    kinds = {m: type(make_policy(m, 0.3)).__name__ for m in SCHEDULERS}
+    assert kinds == {
+        "dspark": "ScheduledLength",
+        "pipelined": "ScheduledLength",
+        "fixed": "FixedLength",
+        "threshold": "ConfidenceThreshold",
+        "mtp1": "FixedLength",
+        "plain": "FixedLength",
+    }
+    with pytest.raises(InvalidRequestError):
+        EngineConfig(model="m", scheduler="greedy-search")
+    with pytest.raises(InvalidRequestError):
+        EngineConfig(model="m", confidence_threshold=1.5)

@@ -1,0 +1,102 @@
+"""An autoregressive drafter (EAGLE-3 chain, MTP-1) serving inside the engine.
+
+Per request it keeps the fused target features of committed positions and the K/V of every committed
+entry; each round it runs `num_slots` chain steps for all requests together, one token per step,
+each step's q shaped like the target's p.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from drafter_service.block_runtime import _pad
+from drafter_service.drafter_paths import open_drafter
+from dspark.drafter import DraftProposal, DraftRequest
+from dspark.sampling import probs_from_logits
+
+
+class ARDraftRuntime:
+    def __init__(
+        self,
+        target,
+        num_speculative_tokens: int = 7,
+        path: str | None = None,
+        target_path: str | None = None,
+        name: str = "eagle3",
+        **_: object,
+    ) -> None:
+        self.model = open_drafter(name, path, target_path, target)
+        cfg = self.model.cfg
+        self.name = cfg.architecture
+        self.target_layer_ids = tuple(cfg.target_layer_ids)
+        self.max_draft_tokens = min(cfg.block_size, num_speculative_tokens)
+        self.reports_confidence = False  # chain drafters have no confidence head
+        self._features: dict[str, torch.Tensor] = {}  # g_t of committed positions
+        self._kv: dict[str, list[torch.Tensor]] = {}  # K/V of entries 0 .. n-1, final once written
+
+    @torch.inference_mode()
+    def add_context(self, seq_id: str, token_ids: list[int], hidden: torch.Tensor | None) -> None:
+        g = self.model.target_features(hidden)
+        old = self._features.get(seq_id)
+        self._features[seq_id] = g if old is None else torch.cat([old, g])
+
+    def _extend_cache(self, r: DraftRequest) -> None:
+        """Entries t pair g_t with x_{t+1}: once the anchor is known, every committed entry is final."""
+        feats = self._features[r.seq_id]
+        kv = self._kv.setdefault(
+            r.seq_id, [feats.new_zeros(0, self.model.cfg.num_key_value_heads, self.model.cfg.head_dim)] * 2
+        )
+        start, end = len(kv[0]), len(feats)
+        if start < end:
+            x, _ = self.model.entry(torch.tensor(r.token_ids[start + 1 : end + 1]), feats[start:end])
+            k, v = self.model.entry_kv(x[None], torch.arange(start, end)[None])
+            kv[0], kv[1] = torch.cat([kv[0], k[0]]), torch.cat([kv[1], v[0]])
+
+    @torch.inference_mode()
+    def propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
+        model = self.model
+        for r in requests:
+            if len(self._features[r.seq_id]) != len(r.token_ids) - 1:
+                raise RuntimeError(f"drafter context of {r.seq_id} is out of step with the engine")
+            self._extend_cache(r)
+        num = len(requests)
+        s = torch.tensor([len(r.token_ids) - 1 for r in requests])  # anchor positions
+        # The chain starts from the last committed entry (s - 1), whose output predicts x_{s+1}.
+        extra_k = _pad([self._kv[r.seq_id][0][:-1] for r in requests], int(s.max()) - 1)
+        extra_v = _pad([self._kv[r.seq_id][1][:-1] for r in requests], int(s.max()) - 1)
+        valid = torch.arange(extra_k.shape[1])[None, :] < (s - 1)[:, None]
+        last = torch.stack([self._features[r.seq_id][-1] for r in requests])
+        x, residual = model.entry(torch.tensor([r.token_ids[-1] for r in requests]), last)
+        x, residual, positions = x[:, None], residual[:, None], (s - 1)[:, None]
+        steps = max(r.num_slots for r in requests)
+        tokens = [[] for _ in requests]
+        rows = [[] for _ in requests]
+        for i in range(steps):
+            mask = torch.cat([valid, torch.ones(num, 1, dtype=torch.bool)], -1)[:, None]
+            h = model.step(x, residual, positions, extra_k, extra_v, mask)
+            logits = model.logits(h)[:, 0]
+            nxt = []
+            for j, r in enumerate(requests):
+                if r.params.greedy:
+                    t = int(torch.argmax(logits[j]))
+                else:
+                    q = probs_from_logits(logits[j], r.params)
+                    t = int(torch.multinomial(q, 1, generator=r.generator))
+                    if i < r.num_slots:
+                        rows[j].append(q)
+                if i < r.num_slots:
+                    tokens[j].append(t)
+                nxt.append(t)
+            if i + 1 == steps:
+                break
+            # This step's entry joins the keys; the next entry pairs its output h with the drafted token.
+            k, v = model.entry_kv(x, positions)
+            extra_k, extra_v = torch.cat([extra_k, k], 1), torch.cat([extra_v, v], 1)
+            valid = torch.cat([valid, torch.ones(num, 1, dtype=torch.bool)], -1)
+            x, residual = model.entry(torch.tensor(nxt)[:, None], h)
+            positions = positions + 1
+        return [DraftProposal(t, probs=torch.stack(q) if q else None) for t, q in zip(tokens, rows)]
+
+    def release(self, seq_id: str) -> None:
+        self._features.pop(seq_id, None)
+        self._kv.pop(seq_id, None)

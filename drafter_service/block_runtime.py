@@ -1,0 +1,121 @@
+"""A block drafter (DSpark or DFlash) serving inside the engine, behind dspark's Drafter protocol.
+
+Per request it caches the draft layers' K/V of the context features of every committed position; each
+round it runs one block pass for all requests together, then walks the Markov head left to right,
+sampling each slot from q_k = softmax((U_k + B(x_{k-1})) / T) shaped like the target's p.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from drafter_service.drafter_paths import open_drafter
+from dspark.drafter import DraftProposal, DraftRequest
+from dspark.sampling import probs_from_logits
+
+
+class BlockDraftRuntime:
+    def __init__(
+        self,
+        target,
+        num_speculative_tokens: int = 7,
+        path: str | None = None,
+        target_path: str | None = None,
+        name: str = "dspark",
+        **_: object,
+    ) -> None:
+        self.model = open_drafter(name, path, target_path, target)
+        cfg = self.model.cfg
+        self.name = cfg.architecture
+        self.target_layer_ids = tuple(cfg.target_layer_ids)
+        self.block_size = cfg.block_size
+        # DFlash has no confidence head: the load-aware scheduler then need not profile for it.
+        self.reports_confidence = cfg.use_confidence_head
+        self.max_draft_tokens = min(cfg.block_size, num_speculative_tokens)
+        self.calibration = {float(t): torch.tensor(v) for t, v in cfg.calibration_temperatures.items()}
+        self._ctx: dict[str, list[list[torch.Tensor]]] = {}  # seq -> [per layer [k, v]]
+        self._len: dict[str, int] = {}
+
+    @torch.inference_mode()
+    def add_context(self, seq_id: str, token_ids: list[int], hidden: torch.Tensor | None) -> None:
+        start = self._len.get(seq_id, 0)
+        positions = torch.arange(start, start + len(token_ids))[None]
+        kv = self.model.context_kv(self.model.context_features(hidden[None]), positions)
+        cache = self._ctx.get(seq_id)
+        if cache is None:
+            self._ctx[seq_id] = [[k[0], v[0]] for k, v in kv]
+        else:
+            for entry, (k, v) in zip(cache, kv):
+                entry[0] = torch.cat([entry[0], k[0]])
+                entry[1] = torch.cat([entry[1], v[0]])
+        self._len[seq_id] = start + len(token_ids)
+
+    @torch.inference_mode()
+    def propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
+        model, gamma = self.model, self.block_size
+        lengths = [self._len[r.seq_id] for r in requests]
+        for r, n in zip(requests, lengths):
+            if n != len(r.token_ids) - 1:
+                raise RuntimeError(
+                    f"drafter context of {r.seq_id} holds {n} positions, expected {len(r.token_ids) - 1}"
+                )
+        num, k_max = len(requests), max(lengths)
+        context = []
+        for layer in range(len(model.layers)):
+            ks = [self._ctx[r.seq_id][layer][0] for r in requests]
+            vs = [self._ctx[r.seq_id][layer][1] for r in requests]
+            context.append((_pad(ks, k_max), _pad(vs, k_max)))
+        anchors = torch.tensor([r.token_ids[-1] for r in requests])
+        tokens = torch.full((num, gamma), model.cfg.mask_token_id, dtype=torch.long)
+        tokens[:, 0] = anchors
+        positions = torch.tensor(lengths)[:, None] + torch.arange(gamma)[None]
+        visible_ctx = torch.arange(k_max)[None, None, :] < torch.tensor(lengths)[:, None, None]
+        mask = torch.cat(
+            [visible_ctx.expand(num, gamma, k_max), torch.ones(num, gamma, gamma, dtype=torch.bool)], -1
+        )
+        h = model.run_block(tokens, positions, context, mask)
+        base = model.base_logits(h)  # [R, gamma, V]
+        return [self._walk(r, h[i], base[i], int(anchors[i])) for i, r in enumerate(requests)]
+
+    def _walk(self, request: DraftRequest, h: torch.Tensor, base: torch.Tensor, anchor: int) -> DraftProposal:
+        """Left to right through the Markov head: each slot conditions on the token chosen before it."""
+        model, params = self.model, request.params
+        prev = anchor
+        tokens, rows, conf_logits = [], [], []
+        for k in range(request.num_slots):
+            prev_t = torch.tensor(prev)
+            logits = base[k] + model.markov_bias(prev_t)
+            if model.cfg.use_confidence_head:
+                conf_logits.append(model.confidence_logit(h[k], prev_t))
+            if params.greedy:
+                prev = int(torch.argmax(logits))
+            else:
+                q = probs_from_logits(logits, params)
+                prev = int(torch.multinomial(q, 1, generator=request.generator))
+                rows.append(q)
+            tokens.append(prev)
+        raw = confidence = None
+        if conf_logits:
+            raw = torch.stack(conf_logits)
+            confidence = torch.sigmoid(raw / self.sts_temperatures(params.temperature)[: len(raw)])
+        return DraftProposal(
+            tokens, probs=torch.stack(rows) if rows else None, confidence=confidence, confidence_logits=raw
+        )
+
+    def sts_temperatures(self, sampling_temperature: float) -> torch.Tensor:
+        """The STS temperatures fitted at the serving temperature nearest this request's (ones if none)."""
+        if not self.calibration:
+            return torch.ones(self.block_size)
+        nearest = min(self.calibration, key=lambda t: abs(t - sampling_temperature))
+        return self.calibration[nearest]
+
+    def release(self, seq_id: str) -> None:
+        self._ctx.pop(seq_id, None)
+        self._len.pop(seq_id, None)
+
+
+def _pad(tensors: list[torch.Tensor], length: int) -> torch.Tensor:
+    out = tensors[0].new_zeros(len(tensors), length, *tensors[0].shape[1:])
+    for i, t in enumerate(tensors):
+        out[i, : len(t)] = t
+    return out

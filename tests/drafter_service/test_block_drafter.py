@@ -1,0 +1,173 @@
+"""The DSpark block drafter: masks, the Markov head's effect on q, losses, checkpoints, configs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from drafter_service.block_drafter import BlockDrafter
+from drafter_service.block_training import block_loss, pack_blocks
+from drafter_service.drafter_checkpoint import load_drafter, save_drafter
+from drafter_service.drafter_config import DrafterConfig
+from drafter_service.target_states import TargetStates
+from dspark.drafter import DraftRequest
+from dspark.sampling import probs_from_logits
+from dspark.sampling_params import SamplingParams
+
+V, D, GAMMA, MASK = 40, 32, 4, 1
+
+
+def make(rank: int = 8, conf: bool = True, seed: int = 0) -> BlockDrafter:
+    torch.manual_seed(seed)
+    cfg = DrafterConfig(
+        "dspark" if rank else "dflash",
+        vocab_size=V,
+        hidden_size=D,
+        target_hidden_size=D,
+        target_layer_ids=[0, 1],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=64,
+        block_size=GAMMA,
+        mask_token_id=MASK,
+        markov_rank=rank,
+        use_confidence_head=conf,
+    )
+    embed, head = nn.Embedding(V, D), nn.Linear(D, V, bias=False)
+    embed.requires_grad_(False)
+    head.requires_grad_(False)
+    model = BlockDrafter(cfg, embed, head)
+    if rank:
+        nn.init.normal_(model.markov_w2.weight, std=0.5)  # a visible Markov term from the start
+    return model
+
+
+def test_block_slots_never_see_positions_at_or_after_their_anchor():
+    tokens = torch.arange(20)[None] % V
+    anchors = torch.tensor([[5, 11]])
+    packed = pack_blocks(tokens, torch.tensor([20]), anchors, torch.tensor([[True, True]]), GAMMA, MASK)
+    ctx = packed.mask[0, :, :20]
+    for q in range(2 * GAMMA):
+        s = int(anchors[0, q // GAMMA])
+        assert ctx[q, :s].all() and not ctx[q, s:].any()
+    # Behaviour, not just the mask: changing every context feature at or after the anchor changes nothing.
+    model = make()
+    hidden = torch.randn(1, 20, 2 * D)
+
+    def block_out(h):
+        feats = model.context_features(h)
+        context = model.context_kv(feats, torch.arange(20)[None])
+        return model.run_block(
+            packed.tokens[:, :GAMMA],
+            packed.positions[:, :GAMMA],
+            context,
+            packed.mask[:, :GAMMA, : 20 + GAMMA],
+        )
+
+    perturbed = hidden.clone()
+    perturbed[:, 5:] += torch.randn(1, 15, 2 * D)
+    torch.testing.assert_close(block_out(hidden), block_out(perturbed))
+    changed = hidden.clone()
+    changed[:, 4] += 1.0
+    assert not torch.allclose(block_out(hidden), block_out(changed))
+
+
+def test_markov_term_follows_the_sampled_previous_token_and_is_q():
+    from drafter_service.block_runtime import BlockDraftRuntime
+
+    model = make()
+    runtime = BlockDraftRuntime.__new__(BlockDraftRuntime)
+    runtime.model, runtime.block_size, runtime.calibration = model, GAMMA, {}
+    runtime._ctx, runtime._len = {}, {}
+    runtime.add_context("s", list(range(6)), torch.randn(6, 2 * D))
+    params = SamplingParams(temperature=0.8, top_k=20)
+    request = DraftRequest("s", list(range(7)), GAMMA, params, torch.Generator().manual_seed(3))
+    proposal = runtime.propose([request])[0]
+    # Recompute every slot's q from the block's base logits and the token sampled just before it.
+    context = [(k[None], v[None]) for k, v in runtime._ctx["s"]]
+    tokens = torch.tensor([[6] + [MASK] * (GAMMA - 1)])
+    mask = torch.ones(1, GAMMA, 6 + GAMMA, dtype=torch.bool)
+    base = model.base_logits(model.run_block(tokens, 6 + torch.arange(GAMMA)[None], context, mask))[0]
+    prev = 6
+    for k, token in enumerate(proposal.token_ids):
+        q = probs_from_logits(base[k] + model.markov_bias(torch.tensor(prev)), params)
+        torch.testing.assert_close(proposal.probs[k], q)
+        other = probs_from_logits(base[k] + model.markov_bias(torch.tensor((prev + 1) % V)), params)
+        assert not torch.allclose(q, other)  # a different previous token really changes q
+        prev = token
+
+
+def _overfit(model, loss_name: str, steps: int = 100) -> tuple[float, float]:
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(2, V, (2, 24), generator=gen)
+    lengths, starts = torch.tensor([24, 20]), torch.tensor([4, 6])
+    probs = torch.softmax(torch.randn(2, 24, V, generator=gen) * 3, -1)
+    states = TargetStates(
+        {0: torch.randn(2, 24, D, generator=gen), 1: torch.randn(2, 24, D, generator=gen)}, probs
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    seen = []
+    for _ in range(steps):
+        # The same anchors every step: an overfit run on one batch.
+        loss, metrics = block_loss(
+            model, tokens, lengths, starts, states, 6, torch.Generator().manual_seed(1)
+        )
+        seen.append(metrics[loss_name])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return seen[0], seen[-1]
+
+
+@pytest.mark.parametrize("loss_name", ["ce", "l1", "conf"])
+def test_each_dspark_loss_decreases_on_a_tiny_overfit_run(loss_name):
+    first, last = _overfit(make(), loss_name)
+    assert last < 0.75 * first, (first, last)
+
+
+def test_dflash_cross_entropy_decreases():
+    first, last = _overfit(make(rank=0, conf=False), "ce")
+    assert last < 0.8 * first
+
+
+def test_checkpoint_round_trip(tmp_path):
+    model = make()
+    save_drafter(model, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    embed, head = model.shared
+    loaded = load_drafter(tmp_path, embed, head)
+    assert loaded.cfg == model.cfg
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), name
+    with pytest.raises(ValueError, match="trained for vocab"):
+        load_drafter(tmp_path, nn.Embedding(V + 1, D), head)
+
+
+def test_config_in_deepspec_layout_loads(tmp_path):
+    deepspec = {
+        "model_type": "dspark",
+        "architectures": ["DSparkDrafter"],
+        "vocab_size": V,
+        "hidden_size": D,
+        "target_hidden_size": D,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "intermediate_size": 64,
+        "block_size": 7,
+        "target_layer_ids": [1, 3, 5, 7, 9],
+        "mask_token_id": 151669,
+        "markov_rank": 256,
+        "use_confidence_head": True,
+        "rope_theta": 1e6,
+        "torch_dtype": "bfloat16",
+    }
+    (tmp_path / "config.json").write_text(json.dumps(deepspec))
+    cfg = DrafterConfig.load(tmp_path)
+    assert (cfg.architecture, cfg.num_draft_layers, cfg.block_size, cfg.markov_rank) == ("dspark", 2, 7, 256)
+    assert cfg.target_layer_ids == [1, 3, 5, 7, 9] and cfg.mask_token_id == 151669

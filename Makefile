@@ -4,14 +4,16 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 MODELS ?= models
 
-.PHONY: install test lint bench demo models clean
+.PHONY: install test lint bench serve demo models clean
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml sdk/pyproject.toml proto/dspark/v1/generation.proto
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev]' -e ./sdk
+	# The gRPC code is generated from proto/ here, never committed.
+	$(PY) -m dspark_client._codegen
 	touch $@
 
 test: install
@@ -30,9 +32,14 @@ bench: models
 	$(PY) bench/speed.py --model $(MODELS)/target
 	$(PY) bench/accept.py --models $(MODELS)
 
-demo: models
-	$(VENV)/bin/dspark generate --model $(MODELS)/target --drafter dspark --max-tokens 96 \
-		--temperature 0.8 --seed 1 --prompt "def parse_args(argv):" --json
+# The main job: an embedded local Ray serving the demo stack (OpenAI HTTP :8000, gRPC :9000);
+# builds the models first if they are absent. Ctrl-C shuts it down.
+serve: install
+	$(PY) -m deployments.serve --config configs/local.yaml
+
+# The same, plus a short client session that streams a completion and prints speculation stats.
+demo: install
+	$(PY) -m deployments.serve --config configs/local.yaml --demo
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,268 @@
+"""Serving overhead: the same held-out prompts streamed offline, over HTTP and over gRPC.
+
+Offline is the engine in this process (AsyncEngine); HTTP is the OpenAI API through Ray Serve's proxy
+(official `openai` client, SSE); gRPC is `dspark_client` through Serve's gRPC proxy. The served stack
+is one replica with the offline engine's options, so the difference is the serving path. Each
+concurrency level runs every method in rotating order; greedy decoding with a fixed output length
+makes every method produce the same tokens.
+
+    python bench/serve.py --model models/target [--drafter ngram] [--prompts 16] [--max-tokens 64]
+
+Writes bench/results/serve.json and bench/results/serve.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script from anywhere: deployments/ need not be installed
+RESULTS = REPO / "bench" / "results"
+METHODS = ("offline", "http", "grpc")
+
+
+@dataclass
+class Sample:
+    tokens: int
+    seconds: float  # request start to last token
+    ttft: float
+
+
+def summarize(samples: list[Sample], wall: float) -> dict:
+    return {
+        "tok_s_user": statistics.mean(s.tokens / s.seconds for s in samples),
+        "tok_s_total": sum(s.tokens for s in samples) / wall,
+        "ttft_s": statistics.mean(s.ttft for s in samples),
+        "requests": len(samples),
+    }
+
+
+def run_offline(engine, prompts: list[str], max_tokens: int, concurrency: int) -> tuple[list[Sample], float]:
+    from dspark import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+
+    async def one(prompt: str, gate: asyncio.Semaphore) -> Sample:
+        async with gate:
+            start, first, tokens = time.perf_counter(), None, 0
+            async for out in engine.generate(prompt, params):
+                first = first or time.perf_counter()
+                tokens = len(out.token_ids)
+            return Sample(tokens, time.perf_counter() - start, first - start)
+
+    async def all_of() -> list[Sample]:
+        gate = asyncio.Semaphore(concurrency)
+        return list(await asyncio.gather(*(one(p, gate) for p in prompts)))
+
+    start = time.perf_counter()
+    samples = asyncio.run(all_of())
+    return samples, time.perf_counter() - start
+
+
+def run_threads(fn, prompts: list[str], concurrency: int) -> tuple[list[Sample], float]:
+    start = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        samples = list(pool.map(fn, prompts))
+    return samples, time.perf_counter() - start
+
+
+def http_request(client, model: str, max_tokens: int):
+    def one(prompt: str) -> Sample:
+        start, first, tokens = time.perf_counter(), None, 0
+        stream = client.completions.create(
+            model=model,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+        for chunk in stream:
+            first = first or time.perf_counter()
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+        return Sample(tokens, time.perf_counter() - start, first - start)
+
+    return one
+
+
+def grpc_request(client, max_tokens: int):
+    def one(prompt: str) -> Sample:
+        start, first = time.perf_counter(), None
+        with client.stream(prompt, max_tokens=max_tokens, temperature=0.0, ignore_eos=True) as stream:
+            for _ in stream:
+                first = first or time.perf_counter()
+        return Sample(stream.completion.usage.completion_tokens, time.perf_counter() - start, first - start)
+
+    return one
+
+
+def start_stack(model: str, engine_options: dict, threads: int) -> tuple[str, str]:
+    import ray
+    from ray import serve
+
+    from deployments.app import GRPC_SERVICERS, build_app
+    from deployments.serve import REPO as repo
+
+    http_port, grpc_port = _free_port(), _free_port()
+    ray.init(
+        include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(repo)}}, log_to_driver=False
+    )
+    serve.start(
+        http_options={"host": "127.0.0.1", "port": http_port},
+        grpc_options={"port": grpc_port, "grpc_servicer_functions": GRPC_SERVICERS},
+    )
+    args = {"model": model, "engine": engine_options, "num_replicas": 1, "torch_num_threads": threads}
+    serve.run(build_app(args), name="bench", route_prefix="/")
+    return f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def table(results: dict) -> str:
+    lines = [
+        "| concurrency | method | tok/s/user | aggregate tok/s | mean TTFT (s) | tok/s/user vs offline |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    for point in results["points"]:
+        base = next(
+            p["tok_s_user"]
+            for p in results["points"]
+            if p["method"] == "offline" and p["concurrency"] == point["concurrency"]
+        )
+        lines.append(
+            f"| {point['concurrency']} | {point['method']} | {point['tok_s_user']:.1f} | "
+            f"{point['tok_s_total']:.1f} | {point['ttft_s']:.3f} | {point['tok_s_user'] / base - 1:+.1%} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="models/target")
+    parser.add_argument("--drafter", default="ngram")
+    parser.add_argument("--num-speculative-tokens", type=int, default=5)
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--prompt-tokens", type=int, default=48)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of the engine, both paths")
+    parser.add_argument("--out", type=Path, default=RESULTS / "serve.json")
+    args = parser.parse_args(argv)
+
+    import openai
+    import torch
+    from transformers import AutoTokenizer
+
+    import dspark_client
+    from drafter_service.corpus import heldout_prompts
+    from dspark import AsyncEngine, EngineConfig
+
+    torch.set_num_threads(args.threads)
+    model = str(Path(args.model).resolve())
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    half = args.prompts // 2
+    prompts = heldout_prompts("code", args.prompts - half, args.prompt_tokens, tokenizer) + heldout_prompts(
+        "prose", half, args.prompt_tokens, tokenizer
+    )
+    engine_options = {
+        "drafter": args.drafter,
+        "num_speculative_tokens": args.num_speculative_tokens,
+        "max_num_seqs": max(args.concurrency),
+    }
+    offline = AsyncEngine(EngineConfig(model=model, **engine_options))
+    http_url, grpc_target = start_stack(model, engine_options, args.threads)
+    name = Path(model).name
+    http = openai.OpenAI(base_url=http_url + "/v1", api_key="-", max_retries=0, timeout=600)
+    grpc_client = dspark_client.Client(grpc_target, timeout_s=600)
+    runners = {
+        "offline": lambda ps, c: run_offline(offline, ps, args.max_tokens, c),
+        "http": lambda ps, c: run_threads(http_request(http, name, args.max_tokens), ps, c),
+        "grpc": lambda ps, c: run_threads(grpc_request(grpc_client, args.max_tokens), ps, c),
+    }
+    try:
+        for method in METHODS:  # warm every path (first-request imports, connections)
+            runners[method](prompts[:1], 1)
+        collected: dict[tuple[str, int], list] = {}
+        jobs = [(c, r) for c in args.concurrency for r in range(args.repeats)]
+        for c, r in tqdm(jobs, desc="serve bench"):
+            for k in range(len(METHODS)):  # rotate the order so drift hits every method alike
+                method = METHODS[(k + r) % len(METHODS)]
+                samples, wall = runners[method](prompts, c)
+                collected.setdefault((method, c), []).append(summarize(samples, wall))
+    finally:
+        grpc_client.close()
+        offline.shutdown()
+        import ray
+        from ray import serve
+
+        serve.shutdown()
+        ray.shutdown()
+
+    points = [
+        {
+            "method": method,
+            "concurrency": c,
+            **{
+                key: statistics.mean(run[key] for run in runs)
+                for key in ("tok_s_user", "tok_s_total", "ttft_s")
+            },
+        }
+        for (method, c), runs in sorted(collected.items(), key=lambda kv: (kv[0][1], METHODS.index(kv[0][0])))
+    ]
+    overhead = {
+        f"{method}_c{c}": 1
+        - p["tok_s_user"]
+        / next(q["tok_s_user"] for q in points if q["method"] == "offline" and q["concurrency"] == c)
+        for p in points
+        for method, c in [(p["method"], p["concurrency"])]
+        if method != "offline"
+    }
+    results = {
+        "command": "python bench/serve.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "torch_threads": args.threads,
+            "load_avg_1m_at_end": os.getloadavg()[0],  # other work on the machine skews served paths most
+        },
+        "config": {
+            **engine_options,
+            "prompts": len(prompts),
+            "max_tokens": args.max_tokens,
+            "repeats": args.repeats,
+        },
+        "points": points,
+        "summary": {"tok_s_user_overhead_vs_offline": overhead, "target": "<= 0.10"},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    args.out.with_suffix(".md").write_text(
+        f"# Serving overhead\n\n`{results['command']}`\n\n" + table(results)
+    )
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

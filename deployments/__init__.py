@@ -1,0 +1,1 @@
+"""Ray Serve applications of the kit: target replicas, the ingress, and the app builder."""

@@ -1,0 +1,56 @@
+"""build_app(config): the one way to build the application.
+
+Used by `serve run configs/local.yaml` (import_path: deployments.app:build_app, with `args`), by a
+RayService's serveConfigV2 (the same application entry), and from Python:
+`serve.run(build_app({"model": "models/target"}))`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ray.serve import Application
+
+from deployments.config import AppConfig
+from deployments.ingress import Ingress
+from deployments.replica import TargetReplica
+from dspark.errors import ModelLoadError
+
+# What the Serve config's grpc_options.grpc_servicer_functions must list for the gRPC surface.
+GRPC_SERVICERS = [
+    "dspark_client.proto.add_GenerationServicer_to_server",
+    "grpc_health.v1.health_pb2_grpc.add_HealthServicer_to_server",
+]
+
+
+def build_app(args: dict | AppConfig) -> Application:
+    config = args if isinstance(args, AppConfig) else AppConfig(**args)
+    if not (Path(config.model) / "config.json").is_file():
+        raise ModelLoadError(
+            f"model directory {config.model!r} has no config.json (build it with `make models`)"
+        )
+    engine = config.engine_config()
+    tp = config.tensor_parallel_size
+    gpus = 1 if config.uses_gpu else 0
+    placement: dict = {"ray_actor_options": {"num_cpus": config.replica_num_cpus, "num_gpus": gpus}}
+    if tp > 1:
+        # Rank 0 (the replica, with the drafter) takes bundle 0; the other shards take the rest.
+        shard = {"CPU": config.replica_num_cpus} | ({"GPU": 1} if gpus else {})
+        placement |= {"placement_group_bundles": [shard] * tp, "placement_group_strategy": "STRICT_PACK"}
+    data = config.model_dump()
+    replica = TargetReplica.options(
+        num_replicas=config.num_replicas,
+        max_ongoing_requests=config.max_ongoing_requests or engine.max_num_seqs,
+        health_check_period_s=config.health_check_period_s,
+        health_check_timeout_s=config.health_check_timeout_s,
+        graceful_shutdown_timeout_s=config.graceful_shutdown_timeout_s,
+        request_router_config={"request_routing_stats_period_s": config.routing_stats_period_s},
+        **placement,
+    ).bind(data)
+    return Ingress.options(
+        num_replicas=1,
+        # Streams wait on the replicas, not on this process: let it hold every replica's requests.
+        max_ongoing_requests=(config.max_ongoing_requests or engine.max_num_seqs) * config.num_replicas + 16,
+        max_queued_requests=config.max_queued_requests,
+        ray_actor_options={"num_cpus": config.ingress_num_cpus},
+    ).bind(replica, data)

@@ -1,0 +1,47 @@
+"""What a target replica streams to the ingress: one small event per engine step that changed a request.
+
+Only the delta travels (never the cumulative token list), so a long stream costs O(n) in transfer;
+events that pile up while the consumer is busy travel merged (`then`), one message per hop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from dspark.outputs import RequestOutput, SpeculationStats
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    request_id: str
+    text: str
+    token_ids: tuple[int, ...]
+    finished: bool
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    speculation: SpeculationStats
+
+    @staticmethod
+    def of(out: RequestOutput) -> StreamEvent:
+        return StreamEvent(
+            out.request_id,
+            out.delta_text,
+            tuple(out.delta_token_ids),
+            out.finished,
+            out.finish_reason,
+            len(out.prompt_token_ids),
+            len(out.token_ids),
+            out.speculation,
+        )
+
+    def then(self, later: StreamEvent) -> StreamEvent:
+        """This event and a later one of the same request as one event."""
+        return replace(later, text=self.text + later.text, token_ids=self.token_ids + later.token_ids)
+
+    def usage(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }

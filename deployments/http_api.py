@@ -1,0 +1,130 @@
+"""The OpenAI-compatible HTTP surface: /v1/models, /v1/completions, /v1/chat/completions, /health.
+
+Routes read the raw body and validate it themselves (deployments/validation.py), so every bad input
+is a 400 naming its field in OpenAI's error shape, never FastAPI's 422 or a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from ray import serve
+
+from deployments import openai_format as fmt
+from deployments import validation
+from deployments.errors import classify
+from deployments.frontend import Frontend, Stream
+from dspark.errors import InvalidRequestError
+
+app = FastAPI(title="DSpark", docs_url=None, redoc_url=None)
+HEALTH_TIMEOUT_S = 5.0
+
+
+def _frontend() -> Frontend:
+    return serve.get_replica_context().servable_object
+
+
+def _error(exc: BaseException) -> JSONResponse:
+    info = classify(exc)
+    return JSONResponse(info.openai_body(), status_code=info.http_status, headers=info.http_headers())
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise InvalidRequestError("body", f"{declared} bytes exceed the limit of {limit} bytes")
+    body = bytearray()
+    async for chunk in request.stream():  # bounded even when no Content-Length was sent
+        body += chunk
+        if len(body) > limit:
+            raise InvalidRequestError("body", f"more than the limit of {limit} bytes")
+    return bytes(body)
+
+
+@app.get("/health")
+async def health() -> Response:
+    try:
+        await asyncio.wait_for(_frontend().model_info(), HEALTH_TIMEOUT_S)
+    except Exception as exc:
+        return _error(exc)
+    return JSONResponse({"status": "ok"})
+
+
+@app.get("/v1/models")
+async def models(request: Request) -> Response:
+    frontend = _frontend()
+    try:
+        frontend.authorize(request.headers.get("authorization"))
+    except Exception as exc:
+        return _error(exc)
+    return JSONResponse(fmt.models_body(frontend.model_name, frontend.created))
+
+
+@app.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    return await _generate(request, chat=False)
+
+
+@app.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    return await _generate(request, chat=True)
+
+
+async def _generate(request: Request, chat: bool) -> Response:
+    frontend = _frontend()
+    try:
+        frontend.authorize(request.headers.get("authorization"))
+        body = validation.parse_json_body(
+            await _read_body(request, frontend.limits.max_request_bytes), frontend.limits
+        )
+        parse = validation.chat_request if chat else validation.completion_request
+        req = parse(body, frontend.limits)
+        stream = await frontend.open(req)
+    except Exception as exc:
+        return _error(exc)
+    rid = ("chatcmpl-" if chat else "cmpl-") + stream.request_id
+    if req.stream:
+        return StreamingResponse(
+            _sse(stream, rid, frontend, chat, req.include_usage),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Request-Id": stream.request_id},
+        )
+    try:
+        parts, last = [], stream.first
+        async with aclosing(stream.events()) as events:
+            async for event in events:
+                parts.append(event.text)
+                last = event
+    except Exception as exc:
+        return _error(exc)
+    build = fmt.chat_body if chat else fmt.completion_body
+    return JSONResponse(build(rid, frontend.model_name, frontend.created, "".join(parts), last))
+
+
+async def _sse(
+    stream: Stream, rid: str, frontend: Frontend, chat: bool, include_usage: bool
+) -> AsyncIterator[bytes]:
+    model, created = frontend.model_name, frontend.created
+    first, last = True, stream.first
+    try:
+        async with aclosing(stream.events()) as events:
+            async for event in events:
+                last = event
+                if not (event.text or event.finished or (chat and first)):
+                    continue  # a step that produced no printable text yet (an incomplete UTF-8 char)
+                chunk = (
+                    fmt.chat_chunk(rid, model, created, event, first)
+                    if chat
+                    else fmt.completion_chunk(rid, model, created, event)
+                )
+                first = False
+                yield fmt.sse(chunk)
+        if include_usage:
+            yield fmt.sse(fmt.usage_chunk(rid, model, created, last, chat))
+    except Exception as exc:  # mid-stream failure (engine shut down): say so, then end the stream
+        yield fmt.sse(classify(exc).openai_body())
+    yield fmt.SSE_DONE

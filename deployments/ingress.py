@@ -1,0 +1,21 @@
+"""Ingress: the application's entry deployment, serving OpenAI HTTP and the gRPC services at once.
+
+HTTP routes live in deployments/http_api.py, RPC methods in deployments/grpc_api.py; both use the
+Frontend this class is, which forwards admitted requests to the TargetReplica deployment.
+"""
+
+from __future__ import annotations
+
+from ray import serve
+
+from deployments.config import AppConfig
+from deployments.frontend import Frontend
+from deployments.grpc_api import GrpcService
+from deployments.http_api import app as http_app
+
+
+@serve.deployment(name="Ingress")
+@serve.ingress(http_app)
+class Ingress(Frontend, GrpcService):
+    def __init__(self, replica, config: dict) -> None:
+        super().__init__(replica, AppConfig(**config))

@@ -1,0 +1,160 @@
+"""TargetReplica: one engine (the target with its drafter colocated) as a Ray Serve deployment.
+
+With tensor_parallel_size N the replica is rank 0 of N shard processes in its STRICT_PACK placement
+group (deployments/tensor_parallel.py). Serve calls `record_routing_stats` for the router and
+`check_health` to replace a replica whose engine loop died or stopped making progress.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+import torch
+from ray import serve
+
+from deployments import replica_state
+from deployments.config import AppConfig
+from deployments.events import StreamEvent
+from deployments.tensor_parallel import KEEPALIVE_PERIOD_S
+from dspark.async_engine import AsyncEngine
+from dspark.engine import Engine
+from dspark.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+STATS_TIMEOUT_S = 5.0
+
+
+@serve.deployment(name="TargetReplica")
+class TargetReplica:
+    def __init__(self, config: dict) -> None:
+        self.config = AppConfig(**config)
+        if self.config.torch_num_threads:
+            torch.set_num_threads(self.config.torch_num_threads)
+        engine_config = self.config.engine_config()
+        self._tp_group = None
+        if self.config.tensor_parallel_size > 1:
+            from deployments import tensor_parallel
+
+            engine, self._tp_group = tensor_parallel.start(
+                engine_config,
+                self.config.tensor_parallel_size,
+                self.config.torch_num_threads,
+                self.config.replica_num_cpus,
+            )
+        else:
+            engine = Engine(engine_config)
+        self.engine = AsyncEngine(engine=engine)
+        self._tau = replica_state.TauWindow()
+        self._last_stats: dict = {}
+        self._keepalive: asyncio.Task | None = None
+
+    async def generate(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[StreamEvent]:
+        """Stream one request; cancelling this call (client gone, Abort) aborts it and frees its KV blocks.
+
+        Each message costs a hop through Ray, so whatever the engine produced while the previous
+        message was in flight is sent as one merged event rather than one per step.
+        """
+        self._ensure_keepalive()
+        pending: asyncio.Queue = asyncio.Queue()
+
+        async def pump() -> None:
+            try:
+                async with aclosing(self.engine.generate(prompt_token_ids, params, request_id)) as outputs:
+                    async for out in outputs:
+                        pending.put_nowait(StreamEvent.of(out))
+            except Exception as exc:  # admission refusals, engine shutdown: re-raised to the caller below
+                pending.put_nowait(exc)
+
+        task = asyncio.get_running_loop().create_task(pump())
+        held = None  # an error that arrived behind tokens: raised after they are sent
+        try:
+            while True:
+                event, held = (held, None) if held is not None else (await pending.get(), None)
+                while isinstance(event, StreamEvent) and not event.finished and not pending.empty():
+                    nxt = pending.get_nowait()
+                    if isinstance(nxt, Exception):
+                        held = nxt
+                        break
+                    event = event.then(nxt)
+                if isinstance(event, Exception):
+                    raise event
+                yield event
+                if event.finished:
+                    return
+        finally:
+            task.cancel()  # closes the engine stream, which aborts an unfinished request
+            await asyncio.gather(task, return_exceptions=True)
+
+    def model_info(self) -> dict:
+        engine = self.engine.engine
+        return {
+            "max_model_len": engine.max_model_len,
+            "vocab_size": engine.model_config.vocab_size,
+            "drafter": engine.drafter.name,
+            "num_speculative_tokens": engine.gamma,
+            "tensor_parallel_size": self.config.tensor_parallel_size,
+        }
+
+    async def record_routing_stats(self) -> dict:
+        """What the router scores replicas by; the last good reading if the engine is slow to answer."""
+        self._ensure_keepalive()
+        try:
+            snap = await asyncio.wait_for(
+                asyncio.to_thread(self.engine.call, replica_state.snapshot), STATS_TIMEOUT_S
+            )
+        except Exception:  # a stuck or dead engine: check_health reports it, the router keeps old numbers
+            log.warning("routing stats unavailable; publishing the last reading", exc_info=True)
+            return {**self._last_stats, "healthy": False}
+        snap["recent_tau"] = self._tau.update(snap.pop("rounds"), snap.pop("accepted_tokens"))
+        snap["healthy"] = self.engine.is_healthy(self.config.stuck_after_s)
+        snap["replica_id"] = _replica_id()
+        self._last_stats = snap
+        return snap
+
+    async def get_state(self) -> dict:
+        """Admin: the routing stats plus the engine's counters."""
+        stats = await self.record_routing_stats()
+        engine_stats = await asyncio.to_thread(self.engine.call, lambda e: e.stats.to_dict())
+        return {**stats, "engine": engine_stats, "model": self.model_info()}
+
+    async def set_draft_budget(self, budget: dict) -> dict:
+        """Admin: change the draft budget while requests run; returns the budget in force."""
+        return await asyncio.to_thread(self.engine.call, replica_state.set_draft_budget, budget)
+
+    def check_health(self) -> None:
+        if not self.engine.is_healthy(self.config.stuck_after_s):
+            raise RuntimeError(f"engine loop dead or stuck for over {self.config.stuck_after_s}s")
+
+    def __del__(self) -> None:
+        # Serve first waits for in-flight requests (graceful_shutdown_timeout_s); whatever still runs
+        # here is failed explicitly with EngineDeadError, which the ingress reports as 503 / UNAVAILABLE.
+        engine = getattr(self, "engine", None)
+        if engine is None:
+            return
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        engine.shutdown()
+        if self._tp_group is not None:
+            self._tp_group.stop(engine.engine)
+
+    def _ensure_keepalive(self) -> None:
+        # Started from the first async call: that is where the replica's event loop is running.
+        if self._tp_group is not None and self._keepalive is None:
+            self._keepalive = asyncio.get_running_loop().create_task(self._keep_group_alive())
+
+    async def _keep_group_alive(self) -> None:
+        while True:
+            await asyncio.sleep(KEEPALIVE_PERIOD_S)
+            await asyncio.to_thread(self.engine.call, lambda e: e.runner.keepalive())
+
+
+def _replica_id() -> str:
+    try:
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # outside Serve (tests calling the class directly)
+        return "local"

@@ -1,0 +1,43 @@
+"""configs/local.yaml is a valid Serve config whose args build the application (no Ray started)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pydantic
+import pytest
+import yaml
+from ray.serve.schema import ServeDeploySchema
+
+from deployments.app import GRPC_SERVICERS, build_app
+from deployments.config import AppConfig
+from dspark.errors import ModelLoadError
+
+LOCAL = Path(__file__).resolve().parents[2] / "configs" / "local.yaml"
+
+
+def test_local_config_is_a_serve_config_with_valid_args():
+    raw = yaml.safe_load(LOCAL.read_text())
+    schema = ServeDeploySchema.model_validate(raw)
+    assert schema.grpc_options.port == 9000 and schema.http_options.port == 8000
+    assert list(schema.grpc_options.grpc_servicer_functions) == GRPC_SERVICERS
+    (app,) = raw["applications"]
+    assert app["import_path"] == "deployments.app:build_app"
+    config = AppConfig(**app["args"])
+    assert config.num_replicas == 2 and config.model == "models/target"
+
+
+def test_build_app_binds_both_deployments(qwen3_dir):
+    app = build_app({"model": str(qwen3_dir), "tensor_parallel_size": 2, "engine": {"drafter": "ngram"}})
+    assert app is not None
+
+
+def test_bad_args_name_the_field(tmp_path):
+    with pytest.raises(ModelLoadError, match="make models"):
+        build_app({"model": str(tmp_path / "missing")})
+    with pytest.raises(pydantic.ValidationError, match="dtype"):
+        AppConfig(model="m", engine={"dtype": "float8"})
+    with pytest.raises(pydantic.ValidationError, match="no_such_option"):
+        AppConfig(model="m", engine={"no_such_option": 1})
+    with pytest.raises(pydantic.ValidationError, match="tensor_parallel_size"):
+        AppConfig(model="m", tensor_parallel_size=0)

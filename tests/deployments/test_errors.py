@@ -1,0 +1,60 @@
+"""The one error map: engine and Ray errors to HTTP statuses, gRPC codes and OpenAI bodies."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+
+import grpc
+import pytest
+from ray.exceptions import RayTaskError
+from ray.serve.exceptions import BackPressureError
+
+from deployments.errors import DuplicateRequestError, classify
+from dspark.errors import AdmissionError, EngineDeadError, InvalidRequestError
+
+
+@pytest.mark.parametrize(
+    "exc, status, code",
+    [
+        (InvalidRequestError("top_p", "must be in (0, 1]"), 400, grpc.StatusCode.INVALID_ARGUMENT),
+        (AdmissionError("engine full", retry_after_s=2.5), 429, grpc.StatusCode.RESOURCE_EXHAUSTED),
+        (
+            BackPressureError(num_queued_requests=9, max_queued_requests=8),
+            429,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+        ),
+        (DuplicateRequestError("request_id: 'a' is already running"), 409, grpc.StatusCode.ALREADY_EXISTS),
+        (EngineDeadError("shut down"), 503, grpc.StatusCode.UNAVAILABLE),
+        (asyncio.CancelledError(), 499, grpc.StatusCode.CANCELLED),
+        (KeyError("surprise"), 500, grpc.StatusCode.INTERNAL),
+    ],
+)
+def test_classify(exc, status, code):
+    info = classify(exc)
+    assert (info.http_status, info.grpc_code) == (status, code)
+
+
+def test_invalid_request_names_the_field_everywhere():
+    info = classify(InvalidRequestError("max_tokens", "must be >= 1, got 0"))
+    assert info.message == "max_tokens: must be >= 1, got 0"
+    assert info.openai_body()["error"]["param"] == "max_tokens"
+    assert ("dspark-field", "max_tokens") in info.grpc_trailers()
+
+
+def test_admission_carries_a_retry_hint():
+    info = classify(AdmissionError("KV cache exhausted", retry_after_s=2.5))
+    assert info.http_headers() == {"Retry-After": "3"}
+    assert ("retry-after-ms", "2500") in info.grpc_trailers()
+    assert "retry in 2.5s" in info.message
+
+
+def test_errors_from_a_replica_are_unwrapped():
+    cause = pickle.loads(pickle.dumps(InvalidRequestError("prompt", "must not be empty")))
+    wrapped = RayTaskError("generate", "traceback", cause)
+    info = classify(wrapped)
+    assert info.http_status == 400 and info.field == "prompt"
+
+
+def test_internal_errors_do_not_leak_details():
+    assert "secret" not in classify(RuntimeError("secret path /etc")).message

@@ -1,0 +1,126 @@
+"""A real Ray Serve stack for the serving tests, started once per session and shared by tests/deployments
+and tests/sdk (each conftest imports `serve_stack`; the last user shuts Ray down).
+
+Small on purpose: 2 logical CPUs, a small object store, no dashboard; replicas use one torch thread.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+APP = "dspark"
+# Shared by the offline comparisons: the engine options every served replica uses.
+ENGINE = {
+    "drafter": "ngram",
+    "num_speculative_tokens": 4,
+    "scheduler": "fixed",
+    "num_kv_blocks": 128,
+    "max_num_seqs": 8,
+}
+
+
+@dataclass
+class Stack:
+    http_url: str  # http://127.0.0.1:PORT
+    grpc_target: str  # 127.0.0.1:PORT
+    model_dir: Path
+    model_name: str
+
+
+_state: dict = {"users": 0, "stack": None}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout_s: float = 60.0, interval_s: float = 0.1, what: str = "condition"):
+    """Poll `predicate` until it returns something truthy; fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def app_args(model_dir: Path, **overrides) -> dict:
+    return {
+        "model": str(model_dir),
+        "engine": dict(ENGINE),
+        "num_replicas": 2,
+        "replica_num_cpus": 0.25,
+        "ingress_num_cpus": 0.25,
+        "torch_num_threads": 1,
+        "max_request_bytes": 64 * 1024,
+        "health_check_period_s": 1.0,
+        "graceful_shutdown_timeout_s": 2.0,
+        **overrides,
+    }
+
+
+def _start(model_dir: Path) -> Stack:
+    import ray
+    from ray import serve
+
+    from deployments.app import GRPC_SERVICERS, build_app
+
+    http_port, grpc_port = free_port(), free_port()
+    ray.init(
+        num_cpus=2,
+        object_store_memory=100 * 2**20,
+        include_dashboard=False,
+        log_to_driver=False,
+        # Replica processes import `deployments` from the checkout, installed or not.
+        runtime_env={"env_vars": {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}},
+    )
+    serve.start(
+        http_options={"host": "127.0.0.1", "port": http_port},
+        grpc_options={"port": grpc_port, "grpc_servicer_functions": GRPC_SERVICERS},
+    )
+    serve.run(build_app(app_args(model_dir)), name=APP, route_prefix="/")
+    return Stack(f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", model_dir, model_dir.name)
+
+
+def _start_with_retry(model_dir: Path, attempts: int = 2) -> Stack:
+    """Start the stack; on a loaded 2-core machine Serve's controller can give up on a slow proxy
+    actor, so a failed start is torn down completely (never left half-initialised) and tried again."""
+    import ray
+    from ray import serve
+
+    for attempt in range(1, attempts + 1):
+        try:
+            return _start(model_dir)
+        except Exception:
+            if ray.is_initialized():
+                serve.shutdown()
+                ray.shutdown()
+            if attempt == attempts:
+                raise
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture(scope="session")
+def serve_stack(qwen3_dir):
+    if _state["stack"] is None:
+        _state["stack"] = _start_with_retry(qwen3_dir)
+    _state["users"] += 1
+    yield _state["stack"]
+    _state["users"] -= 1
+    if _state["users"] == 0:
+        import ray
+        from ray import serve
+
+        serve.shutdown()
+        ray.shutdown()
+        _state["stack"] = None

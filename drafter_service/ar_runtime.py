@@ -12,7 +12,7 @@ import torch
 from drafter_service.block_runtime import _pad
 from drafter_service.drafter_paths import open_drafter
 from dspark.drafter import DraftProposal, DraftRequest
-from dspark.sampling import probs_from_logits
+from dspark.sampling import sample_rows
 
 
 class ARDraftRuntime:
@@ -75,25 +75,24 @@ class ARDraftRuntime:
             mask = torch.cat([valid, torch.ones(num, 1, dtype=torch.bool)], -1)[:, None]
             h = model.step(x, residual, positions, extra_k, extra_v, mask)
             logits = model.logits(h)[:, 0]
-            nxt = []
-            for j, r in enumerate(requests):
-                if r.params.greedy:
-                    t = int(torch.argmax(logits[j]))
-                else:
-                    q = probs_from_logits(logits[j], r.params)
-                    t = int(torch.multinomial(q, 1, generator=r.generator))
-                    if i < r.num_slots:
-                        rows[j].append(q)
-                if i < r.num_slots:
-                    tokens[j].append(t)
-                nxt.append(t)
+            # Requests whose chain is complete keep stepping (batched) but draw nothing more.
+            active = [j for j, r in enumerate(requests) if i < r.num_slots]
+            drawn, q = sample_rows(
+                logits[active], [requests[j].params for j in active], [requests[j].generator for j in active]
+            )
+            nxt = torch.argmax(logits, dim=-1)
+            nxt[active] = drawn
+            for j, t, q_row in zip(active, drawn.tolist(), q):
+                tokens[j].append(t)
+                if q_row is not None:
+                    rows[j].append(q_row)
             if i + 1 == steps:
                 break
             # This step's entry joins the keys; the next entry pairs its output h with the drafted token.
             k, v = model.entry_kv(x, positions)
             extra_k, extra_v = torch.cat([extra_k, k], 1), torch.cat([extra_v, v], 1)
             valid = torch.cat([valid, torch.ones(num, 1, dtype=torch.bool)], -1)
-            x, residual = model.entry(torch.tensor(nxt)[:, None], h)
+            x, residual = model.entry(nxt[:, None], h)
             positions = positions + 1
         return [DraftProposal(t, probs=torch.stack(q) if q else None) for t, q in zip(tokens, rows)]
 

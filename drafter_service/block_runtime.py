@@ -11,7 +11,7 @@ import torch
 
 from drafter_service.drafter_paths import open_drafter
 from dspark.drafter import DraftProposal, DraftRequest
-from dspark.sampling import probs_from_logits
+from dspark.sampling import sample_rows
 
 
 class BlockDraftRuntime:
@@ -75,32 +75,46 @@ class BlockDraftRuntime:
         )
         h = model.run_block(tokens, positions, context, mask)
         base = model.base_logits(h)  # [R, gamma, V]
-        return [self._walk(r, h[i], base[i], int(anchors[i])) for i, r in enumerate(requests)]
+        return self._walk(requests, h, base, anchors)
 
-    def _walk(self, request: DraftRequest, h: torch.Tensor, base: torch.Tensor, anchor: int) -> DraftProposal:
-        """Left to right through the Markov head: each slot conditions on the token chosen before it."""
-        model, params = self.model, request.params
-        prev = anchor
-        tokens, rows, conf_logits = [], [], []
-        for k in range(request.num_slots):
-            prev_t = torch.tensor(prev)
-            logits = base[k] + model.markov_bias(prev_t)
+    def _walk(
+        self, requests: list[DraftRequest], h: torch.Tensor, base: torch.Tensor, anchors: torch.Tensor
+    ) -> list[DraftProposal]:
+        """Left to right through the Markov head, all requests at once: each slot conditions on the
+        token chosen just before it, and its q is exactly what that token was drawn from."""
+        model = self.model
+        steps = max(r.num_slots for r in requests)
+        prev = anchors
+        tokens, rows, conf = [], [], []
+        for k in range(steps):
+            logits = base[:, k] + model.markov_bias(prev)
             if model.cfg.use_confidence_head:
-                conf_logits.append(model.confidence_logit(h[k], prev_t))
-            if params.greedy:
-                prev = int(torch.argmax(logits))
-            else:
-                q = probs_from_logits(logits, params)
-                prev = int(torch.multinomial(q, 1, generator=request.generator))
-                rows.append(q)
+                conf.append(model.confidence_logit(h[:, k], prev))
+            active = [i for i, r in enumerate(requests) if k < r.num_slots]
+            drawn, q = sample_rows(
+                logits[active], [requests[i].params for i in active], [requests[i].generator for i in active]
+            )
+            prev = prev.clone()
+            prev[active] = drawn
             tokens.append(prev)
-        raw = confidence = None
-        if conf_logits:
-            raw = torch.stack(conf_logits)
-            confidence = torch.sigmoid(raw / self.sts_temperatures(params.temperature)[: len(raw)])
-        return DraftProposal(
-            tokens, probs=torch.stack(rows) if rows else None, confidence=confidence, confidence_logits=raw
-        )
+            rows.append(dict(zip(active, q)))
+        proposals = []
+        for i, r in enumerate(requests):
+            n = r.num_slots
+            q_rows = [rows[k][i] for k in range(n)]
+            raw = confidence = None
+            if conf:
+                raw = torch.stack([c[i] for c in conf[:n]])
+                confidence = torch.sigmoid(raw / self.sts_temperatures(r.params.temperature)[:n])
+            proposals.append(
+                DraftProposal(
+                    [int(tokens[k][i]) for k in range(n)],
+                    probs=None if r.params.greedy else torch.stack(q_rows),
+                    confidence=confidence,
+                    confidence_logits=raw,
+                )
+            )
+        return proposals
 
     def sts_temperatures(self, sampling_temperature: float) -> torch.Tensor:
         """The STS temperatures fitted at the serving temperature nearest this request's (ones if none)."""

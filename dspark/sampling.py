@@ -33,3 +33,37 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 
 def greedy(logits: torch.Tensor) -> int:
     return int(torch.argmax(logits).item())
+
+
+def sample_rows(
+    logits: torch.Tensor,  # [R, V] one row per request
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+    """One token per row, each request with its own params and generator, batched where params agree.
+
+    Returns the tokens [R] and, per row, the distribution it was drawn from (None for greedy rows):
+    a drafter must hand verification exactly that q. Sampling is by inverse CDF with one uniform
+    drawn from the request's own generator, so a seeded request stays reproducible.
+    """
+    tokens = torch.empty(len(params), dtype=torch.long)
+    rows: list[torch.Tensor | None] = [None] * len(params)
+    groups: dict[SamplingParams, list[int]] = {}
+    for i, p in enumerate(params):
+        groups.setdefault(p, []).append(i)
+    for p, idx in groups.items():
+        index = torch.tensor(idx)
+        if p.greedy:
+            tokens[index] = torch.argmax(logits[index], dim=-1)
+            continue
+        q = probs_from_logits(logits[index], p)
+        u = torch.cat([torch.rand(1, generator=generators[i]) for i in idx])
+        cdf = q.cumsum(dim=-1)
+        # Clamp the last bucket: rounding can leave cdf[-1] a hair under u.
+        drawn = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(1).clamp(max=q.shape[-1] - 1)
+        # Never land on a zero-probability token (a top-k/top-p gap at the boundary of a bucket).
+        drawn = torch.where(q.gather(1, drawn[:, None]).squeeze(1) > 0, drawn, q.argmax(-1))
+        tokens[index] = drawn
+        for j, i in enumerate(idx):
+            rows[i] = q[j]
+    return tokens, rows

@@ -28,3 +28,32 @@ def test_temperature_sharpens():
     cold = probs_from_logits(logits, SamplingParams(temperature=0.5))[0, 0]
     warm = probs_from_logits(logits, SamplingParams(temperature=2.0))[0, 0]
     assert cold > torch.sigmoid(torch.tensor(1.0)) > warm
+
+
+def test_sample_rows_draws_from_each_rows_own_distribution():
+    from scipy.stats import chisquare
+
+    from dspark.sampling import sample_rows
+
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0], [0.0, 3.0, 0.0, 0.0], [1.0, 1.0, 1.0, 9.0]])
+    params = [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.5, top_k=2),
+        SamplingParams(temperature=0),
+    ]
+    gens = [torch.Generator().manual_seed(1), torch.Generator().manual_seed(2), None]
+    counts = torch.zeros(2, 4)
+    for _ in range(4000):
+        tokens, rows = sample_rows(logits, params, gens)
+        counts[0, tokens[0]] += 1
+        counts[1, tokens[1]] += 1
+        assert tokens[2] == 3 and rows[2] is None  # greedy rows take the argmax and carry no q
+    for r in range(2):
+        q = probs_from_logits(logits[r], params[r])
+        keep = q > 0
+        assert counts[r][~keep].sum() == 0  # never a token outside top-k
+        assert chisquare(counts[r][keep].numpy(), (q[keep] * 4000).numpy()).pvalue > 1e-3
+    # Seeded: the same generator state gives the same draw.
+    a, _ = sample_rows(logits[:1], params[:1], [torch.Generator().manual_seed(9)])
+    b, _ = sample_rows(logits[:1], params[:1], [torch.Generator().manual_seed(9)])
+    assert torch.equal(a, b)

@@ -43,7 +43,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--models", default="models")
-    parser.add_argument("--prompts", type=int, default=16, help="per domain")
+    parser.add_argument("--prompts", type=int, default=32, help="per domain")
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--block-size", type=int, default=7)

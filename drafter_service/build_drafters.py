@@ -32,8 +32,9 @@ class DrafterBuild:
     answer_tokens: int = 128
     steps: int = 360
     batch_size: int = 8
-    calibration_prompts_per_domain: int = 12
-    calibration_new_tokens: int = 96
+    # STS fits gamma temperatures on a grid: with too few rounds it overfits (edge temperatures).
+    calibration_prompts_per_domain: int = 32
+    calibration_new_tokens: int = 128
 
 
 def drafter_configs(target_dir: Path, mask_token_id: int) -> dict[str, DrafterConfig]:

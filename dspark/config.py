@@ -39,6 +39,9 @@ class EngineConfig:
     draft_budget: DraftBudget = field(default_factory=DraftBudget)  # at start; Engine.set_draft_budget
     cost_table_dir: str | None = None  # SPS cache; default $DSPARK_CACHE_DIR or ~/.cache/dspark
     cost_table_profile: str = "full"  # or "coarse": fewer points, for tiny models and tests
+    # Scheduled modes skip drafting for rounds where earlier rounds say the drafter's own cost outweighs
+    # its accepted tokens (draft_gate.py); False drafts every round, as Algorithm 1 alone does.
+    draft_gate: bool = True
     cost_table_ema: float = 0.05  # weight of each observed step in the table's online refresh; 0 freezes
 
     def __post_init__(self) -> None:

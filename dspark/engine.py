@@ -21,6 +21,7 @@ from dspark.config import EngineConfig
 from dspark.cost_table import CostTable, ProfileShape, load_or_profile
 from dspark.detokenizer import IncrementalDetokenizer, find_stop
 from dspark.draft_budget import DraftBudget
+from dspark.draft_gate import DraftGate
 from dspark.drafter import Drafter, DraftProposal, DraftRequest, create_drafter
 from dspark.errors import AdmissionError, InvalidRequestError
 from dspark.kv_cache import BlockManager, KVCache
@@ -99,6 +100,8 @@ class Engine:
         # Survival rows of the last two rounds: [0] is round t-2 when round t is scheduled.
         self._survival_history: deque[list[list[float]]] = deque(maxlen=2)
         self.cost_table = cost_table
+        # Scheduled modes also decide, from earlier rounds, whether drafting pays at all (draft_gate.py).
+        self.draft_gate = DraftGate() if config.draft_gate and config.scheduler in SCHEDULED_MODES else None
         # A drafter that never reports confidences (n-gram) has its windows verified in full: no table.
         confident = getattr(self.drafter, "reports_confidence", True)
         if cost_table is None and config.scheduler in SCHEDULED_MODES and self.gamma > 0 and confident:
@@ -229,6 +232,9 @@ class Engine:
         if self.draft_budget.max_step_tokens is not None:
             step_cap = min(step_cap, self.draft_budget.max_step_tokens)
         caps = self._draft_caps(decoding, step_cap)
+        drafting = self._gate_open(len(decoding))
+        if not drafting:
+            caps = [0] * len(caps)
         t_draft = time.perf_counter()
         proposals = self._propose(decoding, caps)
         draft_time = time.perf_counter() - t_draft
@@ -263,11 +269,16 @@ class Engine:
             num_tokens = sum(len(item.token_ids) for item in items)
             self.cost_table.observe(num_tokens, forward_time, self.config.cost_table_ema)
 
+        accepted_total = 0
         for i, (seq, proposal, n) in enumerate(zip(decoding, proposals, lengths)):
             accepted = self._accept(seq, proposal, n, result.logits[i], result.hidden[i])
+            accepted_total += accepted
             self.stats.record_round(n, round_.survival[i], accepted)
         for i, seq in enumerate(chunks, start=len(decoding)):
             self._prefilled(seq, items[i], result.logits[i], result.hidden[i])
+        if self.draft_gate is not None and decoding:
+            self.draft_gate.record(drafting, len(decoding), accepted_total, sum(lengths), draft_time)
+            self.stats.gated_rounds += not drafting
 
         changed = [RequestOutput.of(s) for s in scheduled if s.delta_token_ids or s.finished]
         for seq in scheduled:
@@ -281,6 +292,12 @@ class Engine:
         st.draft_time_s += draft_time
         st.recent_step_ms.append(elapsed * 1e3)
         return changed
+
+    def _gate_open(self, num_decoding: int) -> bool:
+        """Draft this round? Always, unless the draft gate (scheduled modes) expects it not to pay."""
+        if self.draft_gate is None or self.cost_table is None or self.gamma == 0:
+            return True
+        return self.draft_gate.should_draft(num_decoding, self.cost_table)
 
     def _draft_caps(self, decoding: list[Sequence], step_cap: int) -> list[int]:
         """Drafted tokens each request may have verified this round: gamma, max_tokens, the budget."""

@@ -19,6 +19,7 @@ class EngineStats:
     accepted_tokens: int = 0
     finished_requests: int = 0
     aborted_requests: int = 0
+    gated_rounds: int = 0  # steps whose drafting the draft gate skipped
     step_time_s: float = 0.0
     forward_time_s: float = 0.0
     draft_time_s: float = 0.0
@@ -68,6 +69,7 @@ class EngineStats:
             else 0.0,
             "finished_requests": self.finished_requests,
             "aborted_requests": self.aborted_requests,
+            "gated_rounds": self.gated_rounds,
             "step_time_s": round(self.step_time_s, 4),
             "forward_time_s": round(self.forward_time_s, 4),
             "draft_time_s": round(self.draft_time_s, 4),

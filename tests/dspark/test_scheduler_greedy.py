@@ -36,6 +36,7 @@ def scheduled_engine(model_dir, prompts, expected, mode: str, **options) -> Engi
     config = EngineConfig(
         model=str(model_dir),
         scheduler=mode,
+        draft_gate=False,  # every round drafts: these tests exercise the verify-length choice itself
         num_speculative_tokens=4,
         max_num_seqs=6,
         max_num_batched_tokens=MAX_TOKENS,

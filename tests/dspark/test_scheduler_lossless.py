@@ -155,6 +155,7 @@ def engine_counts(path, mode: str, max_num_seqs: int, samples: int, policy=None)
         EngineConfig(
             model=str(path),
             scheduler=mode,
+            draft_gate=False,  # the Appendix A situation needs a drafted block every round
             max_num_seqs=max_num_seqs,
             num_speculative_tokens=2,
             num_kv_blocks=256,

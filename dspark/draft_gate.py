@@ -1,0 +1,65 @@
+"""Whether to draft at all this round: the drafter's own cost against what drafting is expected to gain.
+
+Algorithm 1 weighs only the target's verify cost, which is right for choosing verify lengths: once a
+block is drafted its cost is sunk. But where drafting is a large share of a step (a CPU, a small
+target) the block can cost more than its accepted tokens save, at any verify length; DSPARK.md §5 names
+this as the method's known limitation. The gate decides before drafting, from earlier rounds only, so
+the decision cannot depend on the tokens it is about (as with the pipelined variant's capacity) and
+verification stays lossless. With R decoding requests it drafts when
+
+    R (1 + g) / (1/SPS(R + v R) + d R)  >  R SPS(R)
+
+where, per request and drafting round, g is the accepted drafted tokens, v the verified drafted tokens
+and d the drafting seconds (exponential averages of what the engine measured). While it declines it
+still drafts every `probe_every`-th round, so lighter load or a better drafter is noticed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass
+class DraftGate:
+    ema: float = 0.2
+    probe_every: int = 16
+    gain: float | None = None  # accepted drafted tokens per request-round
+    verified: float = 0.0  # verified drafted tokens per request-round
+    draft_s: float = 0.0  # drafting seconds per request
+    declined: int = 0  # rounds in a row without drafting
+
+    def should_draft(self, num_requests: int, sps: Callable[[int], float]) -> bool:
+        if self.gain is None or num_requests == 0 or self.declined >= self.probe_every:
+            return True  # nothing measured yet, or time to re-probe
+        r = num_requests
+        plain_rate = r * sps(r)
+        step_s = 1.0 / sps(r + round(self.verified * r)) + self.draft_s * r
+        return r * (1.0 + self.gain) / step_s > plain_rate
+
+    def record(
+        self, drafted: bool, num_requests: int, accepted: int, verified: int, draft_seconds: float
+    ) -> None:
+        """What one round did: totals over its `num_requests` decoding requests."""
+        if not drafted:
+            self.declined += 1
+            return
+        self.declined = 0
+        if num_requests == 0:
+            return
+        sample = (accepted / num_requests, verified / num_requests, draft_seconds / num_requests)
+        if self.gain is None:
+            self.gain, self.verified, self.draft_s = sample
+            return
+        a = self.ema
+        self.gain = (1 - a) * self.gain + a * sample[0]
+        self.verified = (1 - a) * self.verified + a * sample[1]
+        self.draft_s = (1 - a) * self.draft_s + a * sample[2]
+
+    def to_dict(self) -> dict:
+        return {
+            "gain": self.gain,
+            "verified": self.verified,
+            "draft_s": self.draft_s,
+            "declined": self.declined,
+        }

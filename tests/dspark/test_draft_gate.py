@@ -1,0 +1,64 @@
+"""The draft gate: skips drafting when earlier rounds say it does not pay, re-probes, stays lossless."""
+
+from __future__ import annotations
+
+from test_drafters import ScriptedDrafter
+
+from dspark import SamplingParams
+from dspark.config import EngineConfig
+from dspark.cost_table import CostTable
+from dspark.draft_gate import DraftGate
+from dspark.engine import Engine
+
+# A target whose step time grows with the tokens verified: 1 token 100 steps/s, 8 tokens 50.
+SPS = CostTable([1, 8, 64], [100.0, 50.0, 10.0], 64)
+
+
+def test_gate_compares_drafting_with_plain_decoding():
+    gate = DraftGate()
+    assert gate.should_draft(4, SPS)  # nothing measured yet: draft and measure
+    gate.record(True, num_requests=4, accepted=12, verified=16, draft_seconds=0.002)
+    # 4 requests x (1 + 3) tokens per ~15 ms step beats 4 tokens per 10 ms.
+    assert gate.should_draft(4, SPS)
+    expensive = DraftGate()
+    expensive.record(True, num_requests=4, accepted=2, verified=16, draft_seconds=0.04)
+    assert not expensive.should_draft(4, SPS)
+    for _ in range(expensive.probe_every - 1):
+        expensive.record(False, 4, 0, 0, 0.0)
+        assert not expensive.should_draft(4, SPS)
+    expensive.record(False, 4, 0, 0, 0.0)
+    assert expensive.should_draft(4, SPS)  # the periodic probe
+
+
+def test_gated_engine_stays_token_identical_and_probes(qwen3_dir):
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    prompts = [[5, 6, 7, 8] * 4, [9, 3, 1] * 5]
+    plain = Engine(EngineConfig(model=str(qwen3_dir), num_kv_blocks=64, block_size=8))
+    expected = {}
+    for i, p in enumerate(prompts):
+        plain.add_request(p, params, request_id=str(i))
+    while plain.has_unfinished():
+        expected.update({o.request_id: o.token_ids for o in plain.step() if o.finished})
+
+    engine = Engine(
+        EngineConfig(
+            model=str(qwen3_dir),
+            scheduler="dspark",
+            num_speculative_tokens=4,
+            num_kv_blocks=64,
+            block_size=8,
+            cost_table_ema=0.0,
+        ),
+        drafter=ScriptedDrafter({tuple(p): expected[str(i)] for i, p in enumerate(prompts)}, gamma=4),
+        cost_table=SPS,
+    )
+    # Earlier rounds measured a drafter far too slow for what it gains: the gate closes.
+    engine.draft_gate.record(True, num_requests=2, accepted=1, verified=8, draft_seconds=1.0)
+    for i, p in enumerate(prompts):
+        engine.add_request(p, params, request_id=str(i))
+    outputs = {}
+    while engine.has_unfinished():
+        outputs.update({o.request_id: o.token_ids for o in engine.step() if o.finished})
+    assert outputs == expected
+    assert engine.stats.gated_rounds > 0
+    assert engine.stats.drafted_tokens > 0  # the probe rounds still drafted

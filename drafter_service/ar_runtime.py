@@ -33,12 +33,19 @@ class ARDraftRuntime:
         self.reports_confidence = False  # chain drafters have no confidence head
         self._features: dict[str, torch.Tensor] = {}  # g_t of committed positions
         self._kv: dict[str, list[torch.Tensor]] = {}  # K/V of entries 0 .. n-1, final once written
+        self._pending: dict[str, list[torch.Tensor]] = {}  # hidden states not yet fused
 
-    @torch.inference_mode()
     def add_context(self, seq_id: str, token_ids: list[int], hidden: torch.Tensor | None) -> None:
-        g = self.model.target_features(hidden)
-        old = self._features.get(seq_id)
-        self._features[seq_id] = g if old is None else torch.cat([old, g])
+        # Queued; fused into features when the next proposal needs them (cheap rounds when gated).
+        self._pending.setdefault(seq_id, []).append(hidden)
+
+    def _features_of(self, seq_id: str) -> torch.Tensor:
+        pending = self._pending.pop(seq_id, None)
+        if pending:
+            g = self.model.target_features(torch.cat(pending))
+            old = self._features.get(seq_id)
+            self._features[seq_id] = g if old is None else torch.cat([old, g])
+        return self._features[seq_id]
 
     def _extend_cache(self, r: DraftRequest) -> None:
         """Entries t pair g_t with x_{t+1}: once the anchor is known, every committed entry is final."""
@@ -56,7 +63,7 @@ class ARDraftRuntime:
     def propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
         model = self.model
         for r in requests:
-            if len(self._features[r.seq_id]) != len(r.token_ids) - 1:
+            if len(self._features_of(r.seq_id)) != len(r.token_ids) - 1:
                 raise RuntimeError(f"drafter context of {r.seq_id} is out of step with the engine")
             self._extend_cache(r)
         num = len(requests)
@@ -99,3 +106,4 @@ class ARDraftRuntime:
     def release(self, seq_id: str) -> None:
         self._features.pop(seq_id, None)
         self._kv.pop(seq_id, None)
+        self._pending.pop(seq_id, None)

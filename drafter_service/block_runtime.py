@@ -35,20 +35,33 @@ class BlockDraftRuntime:
         self.calibration = {float(t): torch.tensor(v) for t, v in cfg.calibration_temperatures.items()}
         self._ctx: dict[str, list[list[torch.Tensor]]] = {}  # seq -> [per layer [k, v]]
         self._len: dict[str, int] = {}
+        self._pending: dict[str, list[torch.Tensor]] = {}  # hidden states not yet in the K/V cache
 
-    @torch.inference_mode()
     def add_context(self, seq_id: str, token_ids: list[int], hidden: torch.Tensor | None) -> None:
-        start = self._len.get(seq_id, 0)
-        positions = torch.arange(start, start + len(token_ids))[None]
-        kv = self.model.context_kv(self.model.context_features(hidden[None]), positions)
-        cache = self._ctx.get(seq_id)
-        if cache is None:
-            self._ctx[seq_id] = [[k[0], v[0]] for k, v in kv]
-        else:
-            for entry, (k, v) in zip(cache, kv):
-                entry[0] = torch.cat([entry[0], k[0]])
-                entry[1] = torch.cat([entry[1], v[0]])
-        self._len[seq_id] = start + len(token_ids)
+        # Only queued here: the context K/V are computed for all requests at once when the next
+        # proposal needs them, so rounds that do not draft (the draft gate) cost almost nothing.
+        self._pending.setdefault(seq_id, []).append(hidden)
+        self._len[seq_id] = self._len.get(seq_id, 0) + len(token_ids)
+
+    def _flush(self, seq_ids: list[str]) -> None:
+        """Fold the queued hidden states of these requests into their context K/V, in one pass."""
+        todo = [s for s in seq_ids if self._pending.get(s)]
+        if not todo:
+            return
+        rows = [torch.cat(self._pending.pop(s)) for s in todo]
+        positions = torch.cat([torch.arange(self._len[s] - len(r), self._len[s]) for s, r in zip(todo, rows)])
+        kv = self.model.context_kv(self.model.context_features(torch.cat(rows)[None]), positions[None])
+        offset = 0
+        for s, r in zip(todo, rows):
+            part = slice(offset, offset + len(r))
+            offset += len(r)
+            cache = self._ctx.get(s)
+            if cache is None:
+                self._ctx[s] = [[k[0, part], v[0, part]] for k, v in kv]
+            else:
+                for entry, (k, v) in zip(cache, kv):
+                    entry[0] = torch.cat([entry[0], k[0, part]])
+                    entry[1] = torch.cat([entry[1], v[0, part]])
 
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
@@ -59,6 +72,7 @@ class BlockDraftRuntime:
                 raise RuntimeError(
                     f"drafter context of {r.seq_id} holds {n} positions, expected {len(r.token_ids) - 1}"
                 )
+        self._flush([r.seq_id for r in requests])
         num, k_max = len(requests), max(lengths)
         context = []
         for layer in range(len(model.layers)):
@@ -126,6 +140,7 @@ class BlockDraftRuntime:
     def release(self, seq_id: str) -> None:
         self._ctx.pop(seq_id, None)
         self._len.pop(seq_id, None)
+        self._pending.pop(seq_id, None)
 
 
 def _pad(tensors: list[torch.Tensor], length: int) -> torch.Tensor:

@@ -82,7 +82,7 @@ def test_markov_term_follows_the_sampled_previous_token_and_is_q():
     model = make()
     runtime = BlockDraftRuntime.__new__(BlockDraftRuntime)
     runtime.model, runtime.block_size, runtime.calibration = model, GAMMA, {}
-    runtime._ctx, runtime._len = {}, {}
+    runtime._ctx, runtime._len, runtime._pending = {}, {}, {}
     runtime.add_context("s", list(range(6)), torch.randn(6, 2 * D))
     params = SamplingParams(temperature=0.8, top_k=20)
     request = DraftRequest("s", list(range(7)), GAMMA, params, torch.Generator().manual_seed(3))

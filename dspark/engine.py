@@ -313,7 +313,9 @@ class Engine:
         """What the policy sees; the pipelined variant gets survival of round t-2 only (its firewall)."""
         history = self._survival_history[0] if len(self._survival_history) == 2 else None
         round_ = VerifyRound.build(proposals, caps, step_cap, self.cost_table, history)
-        if proposals:
+        # Only rounds that drafted: a gated round has no confidences, and would zero the pipelined
+        # capacity of the probe two rounds later. Older drafted rounds are resolved all the same.
+        if any(p.token_ids for p in proposals):
             self._survival_history.append([row or [] for row in round_.survival])
         return round_
 

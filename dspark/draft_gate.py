@@ -11,7 +11,9 @@ verification stays lossless. With R decoding requests it drafts when
 
 where, per request and drafting round, g is the accepted drafted tokens, v the verified drafted tokens
 and d the drafting seconds (exponential averages of what the engine measured). While it declines it
-still drafts every `probe_every`-th round, so lighter load or a better drafter is noticed.
+still drafts once in a while (a probe), so lighter load or a better drafter is noticed; each probe that
+confirms the decline doubles the wait before the next one (up to `max_probe_every`), so a drafter that
+never pays costs ever less.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from dataclasses import dataclass
 @dataclass
 class DraftGate:
     ema: float = 0.2
-    probe_every: int = 16
+    probe_every: int = 16  # rounds declined before the next probe; doubles while probes confirm
+    min_probe_every: int = 16
+    max_probe_every: int = 256
     gain: float | None = None  # accepted drafted tokens per request-round
     verified: float = 0.0  # verified drafted tokens per request-round
     draft_s: float = 0.0  # drafting seconds per request
@@ -32,18 +36,29 @@ class DraftGate:
     def should_draft(self, num_requests: int, sps: Callable[[int], float]) -> bool:
         if self.gain is None or num_requests == 0 or self.declined >= self.probe_every:
             return True  # nothing measured yet, or time to re-probe
+        return self.pays(num_requests, sps)
+
+    def pays(self, num_requests: int, sps: Callable[[int], float]) -> bool:
+        """Does drafting beat plain decoding for `num_requests`, by what earlier rounds measured?"""
         r = num_requests
         plain_rate = r * sps(r)
         step_s = 1.0 / sps(r + round(self.verified * r)) + self.draft_s * r
         return r * (1.0 + self.gain) / step_s > plain_rate
 
     def record(
-        self, drafted: bool, num_requests: int, accepted: int, verified: int, draft_seconds: float
+        self,
+        drafted: bool,
+        num_requests: int,
+        accepted: int,
+        verified: int,
+        draft_seconds: float,
+        sps: Callable[[int], float] | None = None,
     ) -> None:
         """What one round did: totals over its `num_requests` decoding requests."""
         if not drafted:
             self.declined += 1
             return
+        was_probe = self.declined >= self.probe_every
         self.declined = 0
         if num_requests == 0:
             return
@@ -55,6 +70,12 @@ class DraftGate:
         self.gain = (1 - a) * self.gain + a * sample[0]
         self.verified = (1 - a) * self.verified + a * sample[1]
         self.draft_s = (1 - a) * self.draft_s + a * sample[2]
+        if sps is None:
+            return
+        if self.pays(num_requests, sps):
+            self.probe_every = self.min_probe_every
+        elif was_probe:  # the probe confirmed the decline: wait longer before the next one
+            self.probe_every = min(2 * self.probe_every, self.max_probe_every)
 
     def to_dict(self) -> dict:
         return {

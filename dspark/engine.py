@@ -277,7 +277,9 @@ class Engine:
         for i, seq in enumerate(chunks, start=len(decoding)):
             self._prefilled(seq, items[i], result.logits[i], result.hidden[i])
         if self.draft_gate is not None and decoding:
-            self.draft_gate.record(drafting, len(decoding), accepted_total, sum(lengths), draft_time)
+            self.draft_gate.record(
+                drafting, len(decoding), accepted_total, sum(lengths), draft_time, self.cost_table
+            )
             self.stats.gated_rounds += not drafting
 
         changed = [RequestOutput.of(s) for s in scheduled if s.delta_token_ids or s.finished]

@@ -62,3 +62,22 @@ def test_gated_engine_stays_token_identical_and_probes(qwen3_dir):
     assert outputs == expected
     assert engine.stats.gated_rounds > 0
     assert engine.stats.drafted_tokens > 0  # the probe rounds still drafted
+
+
+def test_probes_back_off_while_they_confirm_and_reset_when_drafting_pays():
+    gate = DraftGate()
+    gate.record(True, num_requests=4, accepted=2, verified=16, draft_seconds=0.04)
+    waits = []
+    for _ in range(3):
+        rounds = 0
+        while not gate.should_draft(4, SPS):
+            gate.record(False, 4, 0, 0, 0.0)
+            rounds += 1
+        waits.append(rounds)
+        gate.record(True, 4, accepted=2, verified=16, draft_seconds=0.04, sps=SPS)  # the probe confirms
+    assert waits == [16, 32, 64]
+    while not gate.should_draft(4, SPS):
+        gate.record(False, 4, 0, 0, 0.0)
+    for _ in range(10):  # the drafter got cheap and good: the probe finds it pays, back to short waits
+        gate.record(True, 4, accepted=20, verified=24, draft_seconds=0.0004, sps=SPS)
+    assert gate.probe_every == gate.min_probe_every and gate.should_draft(4, SPS)

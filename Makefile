@@ -28,9 +28,13 @@ lint: install
 models: install
 	$(PY) -m drafter_service.build_models --out $(MODELS)
 
+# Speed benchmarks compare methods side by side in one run; run them on an otherwise idle machine.
 bench: models
 	$(PY) bench/speed.py --model $(MODELS)/target
-	$(PY) bench/accept.py --models $(MODELS)
+	OMP_NUM_THREADS=1 $(PY) bench/accept.py --models $(MODELS)
+	$(PY) bench/load.py --models $(MODELS) --reprofile
+	$(PY) bench/serve.py --model $(MODELS)/target --drafter dspark --num-speculative-tokens 7 --prompts 16 \
+		--max-tokens 64 --repeats 2
 
 # The main job: an embedded local Ray serving the demo stack (OpenAI HTTP :8000, gRPC :9000);
 # builds the models first if they are absent. Ctrl-C shuts it down.

@@ -32,6 +32,9 @@ def _rank(rank: int, world: int, init_method: str, model_dirs: list[str], out: s
     if rank == 0:
         with open(out, "w") as f:
             json.dump(results, f)
+    # Both ranks reach here before either tears gloo down: an early exit of one peer can abort the
+    # other inside gloo's transport threads ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 

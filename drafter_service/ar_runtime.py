@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from drafter_service.block_runtime import _pad
 from drafter_service.drafter_paths import open_drafter
+from drafter_service.layers import pad_rows
 from dspark.drafter import DraftProposal, DraftRequest
 from dspark.sampling import sample_rows
 
@@ -69,8 +69,8 @@ class ARDraftRuntime:
         num = len(requests)
         s = torch.tensor([len(r.token_ids) - 1 for r in requests])  # anchor positions
         # The chain starts from the last committed entry (s - 1), whose output predicts x_{s+1}.
-        extra_k = _pad([self._kv[r.seq_id][0][:-1] for r in requests], int(s.max()) - 1)
-        extra_v = _pad([self._kv[r.seq_id][1][:-1] for r in requests], int(s.max()) - 1)
+        extra_k = pad_rows([self._kv[r.seq_id][0][:-1] for r in requests], int(s.max()) - 1)
+        extra_v = pad_rows([self._kv[r.seq_id][1][:-1] for r in requests], int(s.max()) - 1)
         valid = torch.arange(extra_k.shape[1])[None, :] < (s - 1)[:, None]
         last = torch.stack([self._features[r.seq_id][-1] for r in requests])
         x, residual = model.entry(torch.tensor([r.token_ids[-1] for r in requests]), last)

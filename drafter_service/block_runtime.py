@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from drafter_service.drafter_paths import open_drafter
+from drafter_service.layers import pad_rows
 from dspark.drafter import DraftProposal, DraftRequest
 from dspark.sampling import sample_rows
 
@@ -78,7 +79,7 @@ class BlockDraftRuntime:
         for layer in range(len(model.layers)):
             ks = [self._ctx[r.seq_id][layer][0] for r in requests]
             vs = [self._ctx[r.seq_id][layer][1] for r in requests]
-            context.append((_pad(ks, k_max), _pad(vs, k_max)))
+            context.append((pad_rows(ks, k_max), pad_rows(vs, k_max)))
         anchors = torch.tensor([r.token_ids[-1] for r in requests])
         tokens = torch.full((num, gamma), model.cfg.mask_token_id, dtype=torch.long)
         tokens[:, 0] = anchors
@@ -141,10 +142,3 @@ class BlockDraftRuntime:
         self._ctx.pop(seq_id, None)
         self._len.pop(seq_id, None)
         self._pending.pop(seq_id, None)
-
-
-def _pad(tensors: list[torch.Tensor], length: int) -> torch.Tensor:
-    out = tensors[0].new_zeros(len(tensors), length, *tensors[0].shape[1:])
-    for i, t in enumerate(tensors):
-        out[i, : len(t)] = t
-    return out

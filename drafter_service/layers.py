@@ -75,3 +75,11 @@ class DraftLayer(nn.Module):
         h = residual + self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
         normed = self.post_attention_layernorm(h)
         return h + self.down_proj(F.silu(self.gate_proj(normed)) * self.up_proj(normed))
+
+
+def pad_rows(tensors: list[torch.Tensor], length: int) -> torch.Tensor:
+    """Stack per-request tensors [n_i, ...] into [R, length, ...], zero-padded at the end."""
+    out = tensors[0].new_zeros(len(tensors), length, *tensors[0].shape[1:])
+    for i, t in enumerate(tensors):
+        out[i, : len(t)] = t
+    return out

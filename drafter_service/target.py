@@ -116,7 +116,7 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * cosine)
 
 
-def _autocast(enabled: bool) -> contextlib.AbstractContextManager:
+def bf16_autocast(enabled: bool) -> contextlib.AbstractContextManager:
     return torch.autocast("cpu", dtype=torch.bfloat16) if enabled else contextlib.nullcontext()
 
 
@@ -184,7 +184,7 @@ def train_target(
         cursor += cfg.batch_size
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
-        with _autocast(cfg.bf16):
+        with bf16_autocast(cfg.bf16):
             loss = model(input_ids=batch, labels=batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

@@ -5,7 +5,6 @@ weight decay, 4% warm-up then cosine, gradient clip 1.0). Seeded, so a rerun giv
 
 from __future__ import annotations
 
-import contextlib
 import math
 import random
 import time
@@ -19,6 +18,7 @@ from drafter_service.block_training import block_loss
 from drafter_service.drafter_checkpoint import build_drafter
 from drafter_service.drafter_config import DrafterConfig
 from drafter_service.regen import Regenerated
+from drafter_service.target import bf16_autocast
 from drafter_service.target_states import FrozenTarget
 
 
@@ -37,10 +37,6 @@ class TrainSettings:
     # bf16 autocast (fp32 master weights) about doubles CPU throughput where bf16 units exist.
     bf16: bool = True
     seed: int = 0
-
-
-def autocast(enabled: bool) -> contextlib.AbstractContextManager:
-    return torch.autocast("cpu", dtype=torch.bfloat16) if enabled else contextlib.nullcontext()
 
 
 def lr_factor(step: int, settings: TrainSettings) -> float:
@@ -79,12 +75,12 @@ def train_drafters(
     for step in bar:
         picks = [order[(step * settings.batch_size + i) % len(order)] for i in range(settings.batch_size)]
         tokens, lengths, answer_starts = data.batch(picks, pad_id)
-        with autocast(settings.bf16):
+        with bf16_autocast(settings.bf16):
             states = target.states(tokens, lengths)
         shown = {}
         for name, model in models.items():
             model.train()
-            with autocast(settings.bf16):
+            with bf16_autocast(settings.bf16):
                 if model.cfg.is_block:
                     loss, _ = block_loss(
                         model,

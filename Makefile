@@ -26,7 +26,7 @@ lint: install
 # The demo stack from the standard library's own text: tokenizer, target, then every drafter
 # (about 15 minutes on an idle 2-core machine; steps already built are skipped).
 models: install
-	$(PY) -m drafter_service.build_models --out $(MODELS)
+	$(PY) -m drafter_service.demo.build --out $(MODELS)
 
 # Speed benchmarks compare methods side by side in one run; run them on an otherwise idle machine.
 bench: models

@@ -21,10 +21,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
-from drafter_service import corpus  # noqa: E402
-from drafter_service.calibration import calibration_report  # noqa: E402
-from drafter_service.drafter_config import DrafterConfig  # noqa: E402
-from drafter_service.evaluate import run_rounds  # noqa: E402
+from drafter_service.calibration.rounds import run_rounds  # noqa: E402
+from drafter_service.calibration.sts import calibration_report  # noqa: E402
+from drafter_service.demo import corpus  # noqa: E402
+from drafter_service.models.config import DrafterConfig  # noqa: E402
 from dspark import LLM, SamplingParams  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"

@@ -40,8 +40,8 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.generation.streamers import BaseStreamer
 
-from drafter_service import corpus
-from drafter_service.target import TargetShape, TrainConfig, train_target
+from drafter_service.demo import corpus
+from drafter_service.demo.target import TargetShape, TrainConfig, train_target
 from dspark import SamplingParams
 from dspark.config import EngineConfig
 from dspark.engine import Engine

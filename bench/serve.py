@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     import dspark_client
-    from drafter_service.corpus import heldout_prompts
+    from drafter_service.demo.corpus import heldout_prompts
     from dspark import AsyncEngine, EngineConfig
 
     torch.set_num_threads(args.threads)

@@ -20,7 +20,7 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from drafter_service.corpus import heldout_prompts
+from drafter_service.demo.corpus import heldout_prompts
 from dspark import LLM, SamplingParams
 
 RESULTS = Path(__file__).parent / "results"

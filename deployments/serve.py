@@ -40,7 +40,7 @@ def ensure_models(apps: list[dict]) -> None:
         if missing and model.name == "target":
             print(f"[serve] building the demo models into {model.parent}/ (first run only)", flush=True)
             subprocess.run(
-                [sys.executable, "-m", "drafter_service.build_models", "--out", str(model.parent)], check=True
+                [sys.executable, "-m", "drafter_service.demo.build", "--out", str(model.parent)], check=True
             )
 
 

@@ -36,7 +36,7 @@ class ShardWorker:
     def __init__(
         self,
         config: EngineConfig,
-        num_blocks: int,
+        num_pages: int,
         rank: int,
         world: int,
         init_method: str,
@@ -47,7 +47,7 @@ class ShardWorker:
         dist.init_process_group(
             _backend(config), init_method=init_method, rank=rank, world_size=world, timeout=TIMEOUT
         )
-        self.runner = tp.follower_runner(config, num_blocks, rank, world)
+        self.runner = tp.follower_runner(config, num_pages, rank, world)
 
     def run(self) -> int:
         steps = tp.follow(self.runner)
@@ -82,7 +82,7 @@ def start(config: EngineConfig, world: int, threads: int | None = None, cpus_per
             num_cpus=cpus_per_shard,
             num_gpus=gpu,
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank),
-        ).remote(config, engine.blocks.num_blocks, rank, world, init_method, threads)
+        ).remote(config, engine.pages.num_pages, rank, world, init_method, threads)
         for rank in range(1, world)
     ]
     dist.init_process_group(

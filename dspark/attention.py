@@ -18,7 +18,7 @@ import torch.nn.functional as F
 class SeqSlice:
     """One request's part of a flattened batch."""
 
-    block_table: list[int]
+    page_table: list[int]
     start: int  # tokens already in the cache (their K/V are not recomputed)
     num_tokens: int  # new tokens this step
 
@@ -32,7 +32,7 @@ class AttentionBatch:
     out_index: torch.Tensor  # [N] row of each real query in the padded [B * Qmax] output
 
     @staticmethod
-    def build(slices: list[SeqSlice], block_size: int, device: torch.device | str = "cpu") -> AttentionBatch:
+    def build(slices: list[SeqSlice], page_size: int, device: torch.device | str = "cpu") -> AttentionBatch:
         num_q = [s.num_tokens for s in slices]
         num_k = [s.start + s.num_tokens for s in slices]
         q_max, k_max = max(num_q), max(num_k)
@@ -41,8 +41,8 @@ class AttentionBatch:
         row = 0
         for b, s in enumerate(slices):
             pos = torch.arange(num_k[b])
-            table = torch.tensor(s.block_table, dtype=torch.long)
-            slots = table[pos // block_size] * block_size + pos % block_size
+            table = torch.tensor(s.page_table, dtype=torch.long)
+            slots = table[pos // page_size] * page_size + pos % page_size
             kv_slots[b, : num_k[b]] = slots
             slot_mapping.append(slots[s.start :])
             q_index[b, : s.num_tokens] = torch.arange(row, row + s.num_tokens)

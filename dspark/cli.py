@@ -64,7 +64,7 @@ def _profile(args: argparse.Namespace) -> int:
     if args.drafter_model:
         options["drafter_model"] = args.drafter_model
     # A fixed-length engine loads no table on start, so the one below is profiled at most once.
-    engine = Engine(EngineConfig(model=args.model, scheduler="fixed", num_kv_blocks=64, **options))
+    engine = Engine(EngineConfig(model=args.model, scheduler="fixed", num_kv_pages=64, **options))
     table = engine.load_cost_table(force=args.force)
     print(json.dumps({"path": str(table.path), **table.to_dict()}))
     return 0

@@ -26,8 +26,8 @@ class EngineConfig:
     drafter_options: dict = field(default_factory=dict)
     dtype: str = "float32"
     device: str = "cpu"
-    block_size: int = 16
-    num_kv_blocks: int | None = None  # default: as many as kv_cache_memory_mb holds
+    kv_page_size: int = 16  # tokens per KV cache page (the drafter's block is num_speculative_tokens)
+    num_kv_pages: int | None = None  # default: as many as kv_cache_memory_mb holds
     kv_cache_memory_mb: int = 512
     max_num_seqs: int = 64
     # Tokens per forward across the batch; long prompts are prefilled in chunks of what is left.
@@ -61,7 +61,7 @@ class EngineConfig:
         for name in ("num_speculative_tokens",):
             if getattr(self, name) < 0:
                 raise InvalidRequestError(name, "must be >= 0")
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_mb"):
+        for name in ("kv_page_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_mb"):
             if getattr(self, name) <= 0:
                 raise InvalidRequestError(name, "must be >= 1")
         if self.max_num_batched_tokens < self.max_num_seqs * (self.num_speculative_tokens + 1):

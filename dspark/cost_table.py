@@ -92,7 +92,7 @@ class ProfileShape:
     max_seqs: int
     gamma: int  # a verifying request runs gamma + 1 tokens
     context_len: int  # tokens each dummy request already has in the cache
-    block_size: int
+    page_size: int
     dtype: str
     device: str
     tap_layers: tuple[int, ...] = ()
@@ -206,13 +206,13 @@ def _grid(max_tokens: int, coarse: bool) -> list[int]:
 def _time_forward(runner: ModelRunner, shape: ProfileShape, num_tokens: int) -> float:
     """Seconds of one verify-shaped forward: B tokens over as many requests as gamma + 1 windows need."""
     num_seqs = min(shape.max_seqs, num_tokens, max(1, math.ceil(num_tokens / (shape.gamma + 1))))
-    num_blocks = runner.kv.k[0].shape[0] // shape.block_size
+    num_pages = runner.kv.k[0].shape[0] // shape.page_size
     items = []
     for r in range(num_seqs):
         n = num_tokens // num_seqs + (r < num_tokens % num_seqs)
-        blocks = math.ceil((shape.context_len + n) / shape.block_size)
+        blocks = math.ceil((shape.context_len + n) / shape.page_size)
         # Dummy requests may share pages: only the amount of attention work matters here.
-        table = [(r * blocks + i) % num_blocks for i in range(blocks)]
+        table = [(r * blocks + i) % num_pages for i in range(blocks)]
         items.append(ForwardItem([r % 2] * n, shape.context_len, table, logits_from=0))
     start = time.perf_counter()
     runner.forward(items, shape.tap_layers)  # returns logits on the CPU, so the device has finished

@@ -63,15 +63,28 @@ class Drafter(Protocol):
 
 
 DrafterFactory = Callable[..., Drafter]
+# Plugins name their drafter classes under this entry-point group (pyproject.toml):
+#   [project.entry-points."dspark.drafters"]  dspark = "drafter_service.runtime.block:BlockDraftRuntime"
+ENTRY_POINT_GROUP = "dspark.drafters"
+# The training-free drafters ship with the engine; everything else arrives as a plugin.
 _REGISTRY: dict[str, str] = {
     "none": "dspark.drafters.none:NoDrafter",
     "ngram": "dspark.drafters.ngram:NgramDrafter",
-    # Learned drafters live in drafter_service; named by import path so dspark never imports it.
-    "dspark": "drafter_service.block_runtime:BlockDraftRuntime",
-    "dflash": "drafter_service.block_runtime:BlockDraftRuntime",
-    "eagle3": "drafter_service.ar_runtime:ARDraftRuntime",
-    "mtp1": "drafter_service.ar_runtime:ARDraftRuntime",
 }
+_plugins_loaded = False
+
+
+def _load_plugins() -> None:
+    """Read the installed distributions' `dspark.drafters` entry points once (import paths only:
+    a plugin's module is imported when its drafter is first created, never at start-up)."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        _REGISTRY.setdefault(ep.name, ep.value)
+    _plugins_loaded = True
 
 
 def register_drafter(name: str, target: str) -> None:
@@ -80,12 +93,14 @@ def register_drafter(name: str, target: str) -> None:
 
 
 def available_drafters() -> list[str]:
+    _load_plugins()
     return sorted(_REGISTRY)
 
 
 def create_drafter(name: str, **kwargs) -> Drafter:
     import importlib
 
+    _load_plugins()
     if name not in _REGISTRY:
         raise InvalidRequestError("drafter", f"unknown drafter {name!r}; available: {available_drafters()}")
     module, cls = _REGISTRY[name].split(":")

@@ -24,7 +24,7 @@ from dspark.draft_budget import DraftBudget
 from dspark.draft_gate import DraftGate
 from dspark.drafter import Drafter, DraftProposal, DraftRequest, create_drafter
 from dspark.errors import AdmissionError, InvalidRequestError
-from dspark.kv_cache import BlockManager, KVCache
+from dspark.kv_cache import KVCache, PageManager
 from dspark.model import CausalLM
 from dspark.outputs import RequestOutput
 from dspark.runner import ForwardItem, ModelRunner
@@ -54,26 +54,26 @@ class Engine:
         self.max_model_len = min(
             config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings
         )
-        num_blocks = config.num_kv_blocks or max(
+        num_pages = config.num_kv_pages or max(
             1,
             config.kv_cache_memory_mb
             * 2**20
             // (
                 KVCache.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, config.torch_dtype)
-                * config.block_size
+                * config.kv_page_size
             ),
         )
-        self.blocks = BlockManager(num_blocks, config.block_size)
+        self.pages = PageManager(num_pages, config.kv_page_size)
         kv = KVCache(
             cfg.num_layers,
-            num_blocks,
-            config.block_size,
+            num_pages,
+            config.kv_page_size,
             cfg.num_kv_heads,
             cfg.head_dim,
             config.torch_dtype,
             config.device,
         )
-        self.runner = ModelRunner(self.model, kv, config.block_size, config.device)
+        self.runner = ModelRunner(self.model, kv, config.kv_page_size, config.device)
         self.drafter = drafter or create_drafter(
             config.drafter,
             num_speculative_tokens=config.num_speculative_tokens,
@@ -125,7 +125,7 @@ class Engine:
             max_seqs=config.max_num_seqs,
             gamma=config.num_speculative_tokens,
             context_len=min(256, self.max_model_len // 2),
-            block_size=config.block_size,
+            page_size=config.kv_page_size,
             dtype=config.dtype,
             device=config.device,
             tap_layers=tuple(self.drafter.target_layer_ids),
@@ -184,7 +184,7 @@ class Engine:
                 f"engine full: {len(self.seqs)} of max_num_seqs={self.config.max_num_seqs} running"
             )
         # The last generated token is never run through the target, so this is the most K/V it can hold.
-        self.blocks.reserve(request_id, len(ids) + params.max_tokens)
+        self.pages.reserve(request_id, len(ids) + params.max_tokens)
         generator = None
         if not params.greedy:
             seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
@@ -214,7 +214,7 @@ class Engine:
 
     def can_admit(self, num_tokens: int) -> bool:
         return len(self.seqs) < self.config.max_num_seqs and (
-            -(-num_tokens // self.config.block_size) <= self.blocks.num_unreserved_blocks
+            -(-num_tokens // self.config.kv_page_size) <= self.pages.num_unreserved_pages
         )
 
     # ---- the step -------------------------------------------------------------------------------
@@ -260,7 +260,7 @@ class Engine:
         if not items:
             return []
         for seq, item in zip(scheduled, items):
-            item.block_table = self.blocks.ensure(seq.request_id, item.start + len(item.token_ids))
+            item.page_table = self.pages.ensure(seq.request_id, item.start + len(item.token_ids))
 
         t_forward = time.perf_counter()
         result = self.runner.forward(items, self.drafter.target_layer_ids)
@@ -351,7 +351,7 @@ class Engine:
         anchor_and_accepted = [seq.output_token_ids[-1], *draft[: verdict.num_accepted]]
         # The anchor and the accepted drafts now have valid K/V; the rejected tail is rolled back.
         seq.num_computed += len(anchor_and_accepted)
-        self.blocks.truncate(seq.request_id, seq.num_computed)
+        self.pages.truncate(seq.request_id, seq.num_computed)
         self.drafter.add_context(
             seq.request_id,
             anchor_and_accepted,
@@ -413,7 +413,7 @@ class Engine:
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.status = Status.FINISHED
         seq.finish_reason = reason
-        self.blocks.release(seq.request_id)
+        self.pages.release(seq.request_id)
         self.drafter.release(seq.request_id)
         if reason != "abort":
             self.stats.finished_requests += 1

@@ -1,6 +1,6 @@
-"""Paged KV cache: fixed-size blocks, per-sequence block tables, reservation-based admission, rollback.
+"""Paged KV cache: fixed-size pages, per-sequence page tables, reservation-based admission, rollback.
 
-A request reserves, at admission, the blocks its longest possible life needs (prompt + max_tokens), so
+A request reserves, at admission, the pages its longest possible life needs (prompt + max_tokens), so
 the cache can never run out under a running request: exhaustion is always a refusal of the newcomer.
 Blocks are still handed out lazily, so an early stop returns what was never used.
 """
@@ -15,65 +15,65 @@ import torch
 from dspark.errors import AdmissionError
 
 
-def blocks_for(num_tokens: int, block_size: int) -> int:
-    return -(-num_tokens // block_size)
+def pages_for(num_tokens: int, page_size: int) -> int:
+    return -(-num_tokens // page_size)
 
 
 @dataclass
 class _Allocation:
-    reserved: int  # blocks this sequence may ever hold
+    reserved: int  # pages this sequence may ever hold
     table: list[int] = field(default_factory=list)
 
 
-class BlockManager:
+class PageManager:
     """Pure accounting of KV pages; knows nothing about tensors."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        self.num_blocks, self.block_size = num_blocks, block_size
-        self._free: deque[int] = deque(range(num_blocks))
+    def __init__(self, num_pages: int, page_size: int) -> None:
+        self.num_pages, self.page_size = num_pages, page_size
+        self._free: deque[int] = deque(range(num_pages))
         self._seqs: dict[str, _Allocation] = {}
 
     @property
-    def num_free_blocks(self) -> int:
+    def num_free_pages(self) -> int:
         return len(self._free)
 
     @property
-    def num_unreserved_blocks(self) -> int:
+    def num_unreserved_pages(self) -> int:
         """Blocks neither held nor promised to a running sequence: the admission headroom."""
         promised = sum(a.reserved - len(a.table) for a in self._seqs.values())
         return len(self._free) - promised
 
     def reserve(self, seq_id: str, max_tokens: int) -> None:
-        need = blocks_for(max_tokens, self.block_size)
-        if need > self.num_blocks:
+        need = pages_for(max_tokens, self.page_size)
+        if need > self.num_pages:
             raise AdmissionError(
-                f"KV cache too small: the request needs {need} blocks of {self.block_size} tokens "
-                f"({max_tokens} tokens) but the cache has {self.num_blocks} in total",
+                f"KV cache too small: the request needs {need} pages of {self.page_size} tokens "
+                f"({max_tokens} tokens) but the cache has {self.num_pages} in total",
                 retry_after_s=0.0,
             )
-        if need > self.num_unreserved_blocks:
+        if need > self.num_unreserved_pages:
             raise AdmissionError(
-                f"KV cache exhausted: the request needs {need} blocks, {self.num_unreserved_blocks} of "
-                f"{self.num_blocks} are free; retry when running requests finish"
+                f"KV cache exhausted: the request needs {need} pages, {self.num_unreserved_pages} of "
+                f"{self.num_pages} are free; retry when running requests finish"
             )
         self._seqs[seq_id] = _Allocation(reserved=need)
 
     def ensure(self, seq_id: str, num_tokens: int) -> list[int]:
         """Grow the sequence's table to hold `num_tokens`; never beyond its reservation."""
         alloc = self._seqs[seq_id]
-        need = blocks_for(num_tokens, self.block_size)
+        need = pages_for(num_tokens, self.page_size)
         if need > alloc.reserved:
             raise RuntimeError(
-                f"sequence {seq_id} asked for {need} blocks beyond its reservation {alloc.reserved}"
+                f"sequence {seq_id} asked for {need} pages beyond its reservation {alloc.reserved}"
             )
         while len(alloc.table) < need:
             alloc.table.append(self._free.popleft())
         return alloc.table
 
     def truncate(self, seq_id: str, num_tokens: int) -> None:
-        """Roll back to `num_tokens` valid tokens, returning whole blocks past them to the pool."""
+        """Roll back to `num_tokens` valid tokens, returning whole pages past them to the pool."""
         alloc = self._seqs[seq_id]
-        keep = blocks_for(num_tokens, self.block_size)
+        keep = pages_for(num_tokens, self.page_size)
         while len(alloc.table) > keep:
             self._free.append(alloc.table.pop())
 
@@ -87,19 +87,19 @@ class BlockManager:
 
 
 class KVCache:
-    """The K/V tensors: one [slots, kv_heads, head_dim] pair per layer, slots = blocks x block_size."""
+    """The K/V tensors: one [slots, kv_heads, head_dim] pair per layer, slots = pages x page_size."""
 
     def __init__(
         self,
         num_layers: int,
-        num_blocks: int,
-        block_size: int,
+        num_pages: int,
+        page_size: int,
         num_kv_heads: int,
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
     ) -> None:
-        shape = (num_blocks * block_size, num_kv_heads, head_dim)
+        shape = (num_pages * page_size, num_kv_heads, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 

@@ -17,7 +17,7 @@ class ForwardItem:
 
     token_ids: list[int]
     start: int
-    block_table: list[int]
+    page_table: list[int]
     logits_from: int  # logits are wanted for token_ids[logits_from:]
 
 
@@ -29,9 +29,9 @@ class ForwardResult:
 
 class ModelRunner:
     def __init__(
-        self, model: CausalLM, kv: KVCache, block_size: int, device: torch.device | str = "cpu"
+        self, model: CausalLM, kv: KVCache, page_size: int, device: torch.device | str = "cpu"
     ) -> None:
-        self.model, self.kv, self.block_size, self.device = model, kv, block_size, torch.device(device)
+        self.model, self.kv, self.page_size, self.device = model, kv, page_size, torch.device(device)
 
     @torch.inference_mode()
     def forward(self, items: list[ForwardItem], tap_layers: tuple[int, ...] = ()) -> ForwardResult:
@@ -39,8 +39,8 @@ class ModelRunner:
         positions = torch.tensor(
             [it.start + i for it in items for i in range(len(it.token_ids))], device=self.device
         )
-        slices = [SeqSlice(it.block_table, it.start, len(it.token_ids)) for it in items]
-        batch = AttentionBatch.build(slices, self.block_size, self.device)
+        slices = [SeqSlice(it.page_table, it.start, len(it.token_ids)) for it in items]
+        batch = AttentionBatch.build(slices, self.page_size, self.device)
         hidden, taps = self.model(ids, positions, batch, self.kv.k, self.kv.v, tap_layers)
         offsets = [0]
         for it in items:

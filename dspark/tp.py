@@ -74,12 +74,12 @@ def shard_model(model: CausalLM, rank: int, world: int, group=None) -> CausalLM:
     return model
 
 
-def shard_kv_cache(engine_config: EngineConfig, model: CausalLM, num_blocks: int, world: int) -> KVCache:
+def shard_kv_cache(engine_config: EngineConfig, model: CausalLM, num_pages: int, world: int) -> KVCache:
     cfg = model.config
     return KVCache(
         cfg.num_layers,
-        num_blocks,
-        engine_config.block_size,
+        num_pages,
+        engine_config.kv_page_size,
         cfg.num_kv_heads // world,
         cfg.head_dim,
         engine_config.torch_dtype,
@@ -110,25 +110,25 @@ class ShardedRunner(ModelRunner):
 def shard_engine(engine: Engine, world: int, group=None) -> Engine:
     """Make a loaded engine rank 0 of `world`: shard its model, shrink its KV cache to its heads.
 
-    The block count stays the engine's, so every rank pages the same slots and admission is unchanged.
+    The page count stays the engine's, so every rank pages the same slots and admission is unchanged.
     """
     shard_model(engine.model, 0, world, group)
-    kv = shard_kv_cache(engine.config, engine.model, engine.blocks.num_blocks, world)
+    kv = shard_kv_cache(engine.config, engine.model, engine.pages.num_pages, world)
     engine.runner = ShardedRunner(
-        engine.model, kv, engine.config.block_size, engine.config.device, group=group
+        engine.model, kv, engine.config.kv_page_size, engine.config.device, group=group
     )
     return engine
 
 
 def follower_runner(
-    engine_config: EngineConfig, num_blocks: int, rank: int, world: int, group=None
+    engine_config: EngineConfig, num_pages: int, rank: int, world: int, group=None
 ) -> ModelRunner:
     """Rank `rank` > 0: its shard of the target and its part of the KV cache (no tokenizer, no drafter)."""
     ckpt = load_checkpoint(engine_config.model, load_tokenizer=False)
     model = CausalLM.from_checkpoint(ckpt, engine_config.torch_dtype).to(engine_config.device)
     shard_model(model, rank, world, group)
-    kv = shard_kv_cache(engine_config, model, num_blocks, world)
-    return ModelRunner(model, kv, engine_config.block_size, engine_config.device)
+    kv = shard_kv_cache(engine_config, model, num_pages, world)
+    return ModelRunner(model, kv, engine_config.kv_page_size, engine_config.device)
 
 
 @torch.inference_mode()

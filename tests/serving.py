@@ -20,7 +20,7 @@ ENGINE = {
     "drafter": "ngram",
     "num_speculative_tokens": 4,
     "scheduler": "fixed",
-    "num_kv_blocks": 128,
+    "num_kv_pages": 128,
     "max_num_seqs": 8,
 }
 

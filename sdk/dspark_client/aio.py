@@ -8,13 +8,11 @@ from typing import Any
 
 import grpc
 
-from dspark_client import health
-from dspark_client.connection import Connection, Deadline
-from dspark_client.errors import DSparkClientError, from_rpc_error
-from dspark_client.proto import GenerationStub, pb
+from dspark_client.connection import Connection
+from dspark_client.core import Attempts, ClientBase, StreamState
+from dspark_client.proto import pb
 from dspark_client.types import (
     Completion,
-    CompletionBuilder,
     Delta,
     ModelInfo,
     ReplicaLoad,
@@ -28,57 +26,36 @@ class AsyncGenerationStream:
     """Async iterator of Deltas; `completion` is set once the stream ends. `cancel()` aborts it."""
 
     def __init__(self, client: AsyncClient, request: pb.GenerateRequest, timeout_s: float | None) -> None:
-        self._client, self._request = client, request
-        self._deadline = Deadline(timeout_s)
-        self._builder = CompletionBuilder(request.request_id)
+        self._client = client
+        self._state = StreamState(client.connection, request, timeout_s)
         self._call = None
-        self._attempt = 0
-        self._received = False
 
     @property
     def request_id(self) -> str:
-        return self._request.request_id
+        return self._state.request.request_id
 
     @property
     def completion(self) -> Completion | None:
-        return self._builder.completion
+        return self._state.completion
 
     def __aiter__(self) -> AsyncGenerationStream:
         return self
 
     async def __anext__(self) -> Delta:
-        conn = self._client.connection
+        state = self._state
         while True:
             if self._call is None:
-                self._attempt += 1
-                self._call = self._client._stub.Generate(
-                    self._request,
-                    timeout=self._deadline.remaining(self.request_id),
-                    metadata=conn.metadata(self.request_id),
-                )
+                self._call = self._client._stub.Generate(state.request, **state.attempts.next())
             try:
                 response = await self._call.read()
             except grpc.RpcError as err:
-                error = from_rpc_error(err, self.request_id)
-                if not self._received and conn.retry.should_retry(self._attempt, error):
-                    delay = conn.retry.delay(self._attempt, error)
-                    if self._deadline.allows_wait(delay):
-                        await asyncio.sleep(delay)
-                        self._call = None
-                        continue
-                raise error from None
+                await asyncio.sleep(state.retry_delay(err))
+                self._call = None
+                continue
             if response is grpc.aio.EOF:
-                if self._builder.completion is None:
-                    raise DSparkClientError(
-                        grpc.StatusCode.UNKNOWN,
-                        "stream ended before its final message",
-                        None,
-                        None,
-                        self.request_id,
-                    )
+                state.on_end()
                 raise StopAsyncIteration
-            self._received = True
-            delta = self._builder.add(response)
+            delta = state.on_message(response)
             if delta is not None:
                 return delta
 
@@ -94,21 +71,17 @@ class AsyncGenerationStream:
             self.cancel()
 
 
-class AsyncClient:
+class AsyncClient(ClientBase):
     """asyncio client of the DSpark Generation service; create it inside the event loop that uses it."""
 
     def __init__(self, target: str = "localhost:9000", **options) -> None:
-        self.connection = Connection(target, **options)
-        self._channel = self.connection.aio_channel()
-        self._stub = GenerationStub(self._channel)
+        connection = Connection(target, **options)
+        super().__init__(connection, connection.aio_channel())
 
     def stream(
         self, prompt: str | None = None, *, timeout: float | None = None, **kwargs
     ) -> AsyncGenerationStream:
-        request = build_request(prompt, **kwargs)
-        return AsyncGenerationStream(
-            self, request, timeout if timeout is not None else self.connection.timeout_s
-        )
+        return AsyncGenerationStream(self, build_request(prompt, **kwargs), self._timeout(timeout))
 
     async def generate(
         self, prompt: str | None = None, *, timeout: float | None = None, **kwargs
@@ -130,27 +103,15 @@ class AsyncClient:
         return loads_of(await self._unary(self._stub.GetLoads, pb.GetLoadsRequest(), timeout))
 
     async def health(self, service: str = "", timeout: float | None = None) -> str:
-        method = self._channel.unary_unary(
-            health.CHECK_METHOD,
-            request_serializer=health.encode_request,
-            response_deserializer=health.decode_response,
-        )
-        return await self._unary(method, service, timeout)
+        return await self._unary(self._health_method(), service, timeout)
 
     async def _unary(self, method: Callable[..., Any], request, timeout: float | None):
-        conn = self.connection
-        deadline = Deadline(timeout if timeout is not None else conn.timeout_s)
-        attempt = 0
+        attempts = Attempts(self.connection, self._timeout(timeout))
         while True:
-            attempt += 1
             try:
-                return await method(request, timeout=deadline.remaining(), metadata=conn.metadata())
+                return await method(request, **attempts.next())
             except grpc.RpcError as err:
-                error = from_rpc_error(err)
-                delay = conn.retry.delay(attempt, error)
-                if not (conn.retry.should_retry(attempt, error) and deadline.allows_wait(delay)):
-                    raise error from None
-                await asyncio.sleep(delay)
+                await asyncio.sleep(attempts.retry_delay(err))
 
     async def close(self) -> None:
         await self._channel.close()

@@ -8,13 +8,11 @@ from typing import TypeVar
 
 import grpc
 
-from dspark_client import health
-from dspark_client.connection import Connection, Deadline
-from dspark_client.errors import DSparkClientError, from_rpc_error
-from dspark_client.proto import GenerationStub, pb
+from dspark_client.connection import Connection
+from dspark_client.core import Attempts, ClientBase, StreamState
+from dspark_client.proto import pb
 from dspark_client.types import (
     Completion,
-    CompletionBuilder,
     Delta,
     ModelInfo,
     ReplicaLoad,
@@ -34,58 +32,36 @@ class GenerationStream:
     """
 
     def __init__(self, client: Client, request: pb.GenerateRequest, timeout_s: float | None) -> None:
-        self._client, self._request = client, request
-        self._deadline = Deadline(timeout_s)
-        self._builder = CompletionBuilder(request.request_id)
+        self._client = client
+        self._state = StreamState(client.connection, request, timeout_s)
         self._call = None
-        self._attempt = 0
-        self._received = False
 
     @property
     def request_id(self) -> str:
-        return self._request.request_id
+        return self._state.request.request_id
 
     @property
     def completion(self) -> Completion | None:
-        return self._builder.completion
+        return self._state.completion
 
     def __iter__(self) -> GenerationStream:
         return self
 
     def __next__(self) -> Delta:
-        conn = self._client.connection
+        state = self._state
         while True:
             if self._call is None:
-                self._attempt += 1
-                self._call = self._client._stub.Generate(
-                    self._request,
-                    timeout=self._deadline.remaining(self.request_id),
-                    metadata=conn.metadata(self.request_id),
-                )
+                self._call = self._client._stub.Generate(state.request, **state.attempts.next())
             try:
                 response = next(self._call)
             except StopIteration:
-                if self._builder.completion is None:
-                    raise DSparkClientError(
-                        grpc.StatusCode.UNKNOWN,
-                        "stream ended before its final message",
-                        None,
-                        None,
-                        self.request_id,
-                    ) from None
+                state.on_end()
                 raise
             except grpc.RpcError as err:
-                error = from_rpc_error(err, self.request_id)
-                # Only before the first message: the request never ran, so running it again is safe.
-                if not self._received and conn.retry.should_retry(self._attempt, error):
-                    delay = conn.retry.delay(self._attempt, error)
-                    if self._deadline.allows_wait(delay):
-                        time.sleep(delay)
-                        self._call = None
-                        continue
-                raise error from None
-            self._received = True
-            delta = self._builder.add(response)
+                time.sleep(state.retry_delay(err))
+                self._call = None
+                continue
+            delta = state.on_message(response)
             if delta is not None:
                 return delta
 
@@ -105,7 +81,7 @@ class GenerationStream:
             self._call.cancel()
 
 
-class Client:
+class Client(ClientBase):
     """Blocking client of the DSpark Generation service.
 
     `Client("host:9000", token=..., root_certificates=...)`; every call takes `timeout` (seconds, the
@@ -113,16 +89,14 @@ class Client:
     """
 
     def __init__(self, target: str = "localhost:9000", **options) -> None:
-        self.connection = Connection(target, **options)
-        self._channel = self.connection.sync_channel()
-        self._stub = GenerationStub(self._channel)
+        connection = Connection(target, **options)
+        super().__init__(connection, connection.sync_channel())
 
     def stream(
         self, prompt: str | None = None, *, timeout: float | None = None, **kwargs
     ) -> GenerationStream:
         """Start a request; iterate the result for Deltas. kwargs: see `types.build_request`."""
-        request = build_request(prompt, **kwargs)
-        return GenerationStream(self, request, timeout if timeout is not None else self.connection.timeout_s)
+        return GenerationStream(self, build_request(prompt, **kwargs), self._timeout(timeout))
 
     def generate(self, prompt: str | None = None, *, timeout: float | None = None, **kwargs) -> Completion:
         with self.stream(prompt, timeout=timeout, **kwargs) as stream:
@@ -143,27 +117,15 @@ class Client:
 
     def health(self, service: str = "", timeout: float | None = None) -> str:
         """The standard grpc.health.v1 status name: "SERVING", "NOT_SERVING", ..."""
-        method = self._channel.unary_unary(
-            health.CHECK_METHOD,
-            request_serializer=health.encode_request,
-            response_deserializer=health.decode_response,
-        )
-        return self._unary(method, service, timeout)
+        return self._unary(self._health_method(), service, timeout)
 
     def _unary(self, method: Callable[..., T], request, timeout: float | None) -> T:
-        conn = self.connection
-        deadline = Deadline(timeout if timeout is not None else conn.timeout_s)
-        attempt = 0
+        attempts = Attempts(self.connection, self._timeout(timeout))
         while True:
-            attempt += 1
             try:
-                return method(request, timeout=deadline.remaining(), metadata=conn.metadata())
+                return method(request, **attempts.next())
             except grpc.RpcError as err:
-                error = from_rpc_error(err)
-                delay = conn.retry.delay(attempt, error)
-                if not (conn.retry.should_retry(attempt, error) and deadline.allows_wait(delay)):
-                    raise error from None
-                time.sleep(delay)
+                time.sleep(attempts.retry_delay(err))
 
     def close(self) -> None:
         self._channel.close()

@@ -59,8 +59,8 @@ class ReplicaLoad:
     running_requests: int
     queued_requests: int
     queued_prefill_tokens: int
-    kv_unreserved_blocks: int
-    kv_total_blocks: int
+    kv_unreserved_pages: int
+    kv_total_pages: int
     kv_headroom: float
     recent_tau: float
     draft_budget_json: str
@@ -160,8 +160,8 @@ def loads_of(msg: pb.GetLoadsResponse) -> list[ReplicaLoad]:
             r.running_requests,
             r.queued_requests,
             r.queued_prefill_tokens,
-            r.kv_unreserved_blocks,
-            r.kv_total_blocks,
+            r.kv_unreserved_pages,
+            r.kv_total_pages,
             r.kv_headroom,
             r.recent_tau,
             r.draft_budget_json,

@@ -16,7 +16,7 @@ from deployments.app import build_app
 @pytest.mark.slow
 def test_full_kv_cache_is_a_429_with_retry_hint(serve_stack):
     # 31 blocks of 16 tokens: one running request of ~485 tokens leaves no room for a second.
-    engine = {**ENGINE, "num_kv_blocks": 31}
+    engine = {**ENGINE, "num_kv_pages": 31}
     serve.run(
         build_app(app_args(serve_stack.model_dir, engine=engine, num_replicas=1)),
         name="small",

@@ -42,7 +42,7 @@ def test_http_disconnect_mid_stream_frees_the_request(serve_stack):
     def freed():
         stats = replica_stats()
         idle = all(
-            s["running_requests"] == 0 and s["kv_unreserved_blocks"] == s["kv_total_blocks"] for s in stats
+            s["running_requests"] == 0 and s["kv_unreserved_pages"] == s["kv_total_pages"] for s in stats
         )
         return idle and sum(s["aborted_requests"] for s in stats) == before + 1
 

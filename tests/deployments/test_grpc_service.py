@@ -66,4 +66,4 @@ def test_model_info_and_loads(channel, serve_stack):
         2,
     )
     loads = stub.GetLoads(pb.GetLoadsRequest(), timeout=30).replicas
-    assert len(loads) == 2 and all(r.healthy and r.kv_total_blocks == 128 for r in loads)
+    assert len(loads) == 2 and all(r.healthy and r.kv_total_pages == 128 for r in loads)

@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from drafter_service import corpus
-from drafter_service.tokenizer import train_tokenizer
+from drafter_service.demo import corpus
+from drafter_service.demo.tokenizer import train_tokenizer
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import torch
 
-from drafter_service.drafter_checkpoint import save_drafter
-from drafter_service.drafter_config import DrafterConfig
-from drafter_service.regen import answer_prompts
-from drafter_service.train import TrainSettings, train_drafters
+from drafter_service.models.checkpoint import save_drafter
+from drafter_service.models.config import DrafterConfig
+from drafter_service.training.regen import answer_prompts
+from drafter_service.training.train import TrainSettings, train_drafters
 from dspark import LLM
 
 DRAFTERS = ("dspark", "dflash", "eagle3", "mtp1")
@@ -54,7 +54,7 @@ def train_tiny_stack(
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(2, vocab, (prompt_len,), generator=gen).tolist() for _ in range(num_prompts)]
     data = answer_prompts(
-        LLM(str(target_dir), num_kv_blocks=256, block_size=8), prompts, ["code"] * len(prompts), answer_len
+        LLM(str(target_dir), num_kv_pages=256, kv_page_size=8), prompts, ["code"] * len(prompts), answer_len
     )
     settings = TrainSettings(steps=steps, batch_size=4, anchors_per_seq=8, positions_per_seq=16)
     models = train_drafters(str(target_dir), configs, data, settings, pad_id=pad_id)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from drafter_service.ar_drafter import ARDrafter
-from drafter_service.ar_training import ar_loss, ttt_mask
-from drafter_service.drafter_config import DrafterConfig
-from drafter_service.target_states import TargetStates
+from drafter_service.models.autoregressive import ARDrafter
+from drafter_service.models.config import DrafterConfig
+from drafter_service.training.ar_loss import ar_loss, ttt_mask
+from drafter_service.training.target_states import TargetStates
 
 V, D = 40, 32
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from drafter_service.block_drafter import BlockDrafter
-from drafter_service.block_training import block_loss, pack_blocks
-from drafter_service.drafter_checkpoint import load_drafter, save_drafter
-from drafter_service.drafter_config import DrafterConfig
-from drafter_service.target_states import TargetStates
+from drafter_service.models.block import BlockDrafter
+from drafter_service.models.checkpoint import load_drafter, save_drafter
+from drafter_service.models.config import DrafterConfig
+from drafter_service.training.block_loss import block_loss, pack_blocks
+from drafter_service.training.target_states import TargetStates
 from dspark.drafter import DraftRequest
 from dspark.sampling import probs_from_logits
 from dspark.sampling_params import SamplingParams
@@ -77,7 +77,7 @@ def test_block_slots_never_see_positions_at_or_after_their_anchor():
 
 
 def test_markov_term_follows_the_sampled_previous_token_and_is_q():
-    from drafter_service.block_runtime import BlockDraftRuntime
+    from drafter_service.runtime.block import BlockDraftRuntime
 
     model = make()
     runtime = BlockDraftRuntime.__new__(BlockDraftRuntime)

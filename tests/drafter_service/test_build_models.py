@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from drafter_service.build_models import MARKER, BuildContext, Step, run_steps
+from drafter_service.demo.build import MARKER, BuildContext, Step, run_steps
 
 
 def test_steps_skip_complete_and_rebuild_partial(tmp_path: Path) -> None:

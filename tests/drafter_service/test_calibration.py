@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from drafter_service.calibration import auc, brier, calibration_report, ece, fit_sts
+from drafter_service.calibration.sts import auc, brier, calibration_report, ece, fit_sts
 
 
 def synthetic_rounds(n: int = 4000, gamma: int = 4, seed: int = 0):

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from drafter_service import corpus
+from drafter_service.demo import corpus
 
 
 def test_split_is_a_stable_hash() -> None:

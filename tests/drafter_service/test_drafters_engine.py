@@ -24,8 +24,8 @@ def stack(tmp_path_factory, qwen3_dir, tokenizer):
 
 @pytest.mark.parametrize("drafter", DRAFTERS)
 def test_greedy_identical_with_every_drafter(stack, drafter):
-    expected = LLM(str(stack), num_kv_blocks=64).generate(PROMPTS, GREEDY)
-    llm = LLM(str(stack), drafter=drafter, num_speculative_tokens=4, num_kv_blocks=64, max_num_seqs=4)
+    expected = LLM(str(stack), num_kv_pages=64).generate(PROMPTS, GREEDY)
+    llm = LLM(str(stack), drafter=drafter, num_speculative_tokens=4, num_kv_pages=64, max_num_seqs=4)
     outs = llm.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in outs] == [e.token_ids for e in expected]
     stats = llm.engine.stats
@@ -40,7 +40,7 @@ def test_sampled_with_every_drafter_is_seeded_and_reproducible(stack):
     for drafter in DRAFTERS:
         runs = [
             LLM(
-                str(stack), drafter=drafter, scheduler="fixed", num_speculative_tokens=4, num_kv_blocks=64
+                str(stack), drafter=drafter, scheduler="fixed", num_speculative_tokens=4, num_kv_pages=64
             ).generate(PROMPTS[:2], params)
             for _ in range(2)
         ]
@@ -48,7 +48,7 @@ def test_sampled_with_every_drafter_is_seeded_and_reproducible(stack):
 
 
 def test_dspark_reports_calibrated_confidences(stack):
-    llm = LLM(str(stack), drafter="dspark", num_speculative_tokens=4, num_kv_blocks=64)
+    llm = LLM(str(stack), drafter="dspark", num_speculative_tokens=4, num_kv_pages=64)
     seen = []
     llm.engine.round_observers.append(lambda seq, proposal, n, verdict: seen.append(proposal))
     llm.generate(PROMPTS[:1], SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, seed=1))

@@ -41,8 +41,8 @@ def test_dspark_drafter_keeps_the_target_distribution(small_stack, params):
             num_speculative_tokens=3,
             scheduler="fixed",  # fixed windows: every drafted slot is put to the test
             max_num_seqs=64,
-            num_kv_blocks=256,
-            block_size=4,
+            num_kv_pages=256,
+            kv_page_size=4,
             seed=5,
         )
     )
@@ -58,9 +58,9 @@ def test_dspark_greedy_identical_on_small_vocab(small_stack):
     from dspark import SamplingParams
 
     greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
-    plain = LLM(str(small_stack), num_kv_blocks=64, block_size=4).generate(prompts, greedy)
+    plain = LLM(str(small_stack), num_kv_pages=64, kv_page_size=4).generate(prompts, greedy)
     drafted = LLM(
-        str(small_stack), drafter="dspark", num_speculative_tokens=3, num_kv_blocks=64, block_size=4
+        str(small_stack), drafter="dspark", num_speculative_tokens=3, num_kv_pages=64, kv_page_size=4
     ).generate(prompts, greedy)
     assert [o.token_ids for o in drafted] == [o.token_ids for o in plain]
     assert torch.tensor([o.speculation.accepted_tokens for o in drafted]).sum() > 0

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from drafter_service.target import TargetShape, TrainConfig, lr_at, pack, train_target
+from drafter_service.demo.target import TargetShape, TrainConfig, lr_at, pack, train_target
 
 TINY = TargetShape(
     hidden_size=64,

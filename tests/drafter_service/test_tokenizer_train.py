@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from drafter_service import tokenizer as tk
+from drafter_service.demo import tokenizer as tk
 
 SAMPLES = [
     "def f(x):\n    return x  +  1\t\n\n",

@@ -15,7 +15,7 @@ PROMPTS = ["import sys\n", "class Wrapper:\n    def", "x = [1, 2, 3]"]
 
 @pytest.fixture(scope="module")
 def offline(qwen3_dir):
-    return LLM(str(qwen3_dir), num_kv_blocks=64, block_size=8).generate(PROMPTS, PARAMS)
+    return LLM(str(qwen3_dir), num_kv_pages=64, kv_page_size=8).generate(PROMPTS, PARAMS)
 
 
 async def collect(engine: AsyncEngine, prompt: str):
@@ -28,7 +28,7 @@ async def collect(engine: AsyncEngine, prompt: str):
 
 
 def test_concurrent_streams_equal_offline(qwen3_dir, offline):
-    engine = AsyncEngine(EngineConfig(model=str(qwen3_dir), drafter="ngram", num_kv_blocks=64, block_size=8))
+    engine = AsyncEngine(EngineConfig(model=str(qwen3_dir), drafter="ngram", num_kv_pages=64, kv_page_size=8))
 
     async def main():
         return await asyncio.gather(*(collect(engine, p) for p in PROMPTS))
@@ -44,7 +44,7 @@ def test_concurrent_streams_equal_offline(qwen3_dir, offline):
 
 
 def test_errors_surface_and_abandoned_stream_aborts(qwen3_dir):
-    engine = AsyncEngine(EngineConfig(model=str(qwen3_dir), num_kv_blocks=8, block_size=8))
+    engine = AsyncEngine(EngineConfig(model=str(qwen3_dir), num_kv_pages=8, kv_page_size=8))
 
     async def main():
         with pytest.raises(InvalidRequestError, match="prompt"):
@@ -58,7 +58,7 @@ def test_errors_surface_and_abandoned_stream_aborts(qwen3_dir):
         assert first.delta_token_ids
         await stream.aclose()  # the client went away mid-stream
         for _ in range(200):  # poll with a bound: the abort is processed between steps
-            if engine.call(lambda e: not e.has_unfinished() and e.blocks.num_free_blocks == 8):
+            if engine.call(lambda e: not e.has_unfinished() and e.pages.num_free_pages == 8):
                 return True
             await asyncio.sleep(0.01)
         return False
@@ -71,7 +71,7 @@ def test_errors_surface_and_abandoned_stream_aborts(qwen3_dir):
 
 
 def test_shutdown_fails_in_flight_requests(qwen3_dir):
-    engine = AsyncEngine(EngineConfig(model=str(qwen3_dir), num_kv_blocks=64, block_size=8))
+    engine = AsyncEngine(EngineConfig(model=str(qwen3_dir), num_kv_pages=64, kv_page_size=8))
 
     async def main():
         stream = engine.generate("hello", SamplingParams(max_tokens=400, ignore_eos=True))

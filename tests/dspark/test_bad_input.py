@@ -13,7 +13,7 @@ from dspark.engine import Engine
 
 @pytest.fixture(scope="module")
 def engine(qwen3_dir):
-    return Engine(EngineConfig(model=str(qwen3_dir), num_kv_blocks=32, block_size=8))
+    return Engine(EngineConfig(model=str(qwen3_dir), num_kv_pages=32, kv_page_size=8))
 
 
 @pytest.mark.parametrize(
@@ -74,15 +74,15 @@ def test_model_directory_without_safetensors(tmp_path, qwen3_dir):
 def test_kv_exhaustion_refuses_newcomer_and_running_requests_finish_unchanged(qwen3_dir):
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     prompts = [[7, 8, 9, 10] * 6, [3, 1, 4, 1, 5] * 5]
-    alone = LLM(str(qwen3_dir), num_kv_blocks=64, block_size=8).generate(prompts, params)
+    alone = LLM(str(qwen3_dir), num_kv_pages=64, kv_page_size=8).generate(prompts, params)
 
     # Two requests of 64 and 65 tokens need 8 + 9 blocks of 8: the cache of 20 holds them, not a third.
-    engine = Engine(EngineConfig(model=str(qwen3_dir), drafter="ngram", num_kv_blocks=20, block_size=8))
+    engine = Engine(EngineConfig(model=str(qwen3_dir), drafter="ngram", num_kv_pages=20, kv_page_size=8))
     for i, p in enumerate(prompts):
         engine.add_request(p, params, request_id=str(i))
     for _ in range(3):
         engine.step()
-    with pytest.raises(AdmissionError, match="KV cache exhausted: the request needs 8 blocks, 3 of 20"):
+    with pytest.raises(AdmissionError, match="KV cache exhausted: the request needs 8 pages, 3 of 20"):
         engine.add_request([2] * 24, params)
     with pytest.raises(AdmissionError, match="KV cache too small"):
         engine.add_request([2] * 200, SamplingParams(max_tokens=10))
@@ -90,14 +90,14 @@ def test_kv_exhaustion_refuses_newcomer_and_running_requests_finish_unchanged(qw
     while engine.has_unfinished():
         results.update({o.request_id: o.token_ids for o in engine.step() if o.finished})
     assert [results["0"], results["1"]] == [o.token_ids for o in alone]
-    assert engine.blocks.num_free_blocks == 20
+    assert engine.pages.num_free_pages == 20
 
 
 def test_abort_frees_blocks(qwen3_dir):
-    engine = Engine(EngineConfig(model=str(qwen3_dir), num_kv_blocks=16, block_size=8))
+    engine = Engine(EngineConfig(model=str(qwen3_dir), num_kv_pages=16, kv_page_size=8))
     engine.add_request([4] * 30, SamplingParams(max_tokens=50), request_id="a")
     engine.step()
-    assert engine.blocks.num_free_blocks < 16
+    assert engine.pages.num_free_pages < 16
     out = engine.abort("a")
     assert out.finished and out.finish_reason == "abort"
-    assert engine.blocks.num_free_blocks == 16 and not engine.has_unfinished()
+    assert engine.pages.num_free_pages == 16 and not engine.has_unfinished()

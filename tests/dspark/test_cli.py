@@ -32,7 +32,7 @@ def test_json_output_matches_engine(qwen3_dir):
     )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    expected = LLM(str(qwen3_dir), num_kv_blocks=64).generate(
+    expected = LLM(str(qwen3_dir), num_kv_pages=64).generate(
         "def f(x):", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     )[0]
     assert result["token_ids"] == expected.token_ids and result["text"] == expected.text

@@ -61,8 +61,8 @@ def small_config(model_dir, cache_dir, **overrides) -> EngineConfig:
         num_speculative_tokens=2,
         max_num_seqs=2,
         max_num_batched_tokens=12,
-        num_kv_blocks=16,
-        block_size=8,
+        num_kv_pages=16,
+        kv_page_size=8,
         cost_table_dir=str(cache_dir),
         cost_table_profile="coarse",
     )

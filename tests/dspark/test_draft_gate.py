@@ -33,7 +33,7 @@ def test_gate_compares_drafting_with_plain_decoding():
 def test_gated_engine_stays_token_identical_and_probes(qwen3_dir):
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     prompts = [[5, 6, 7, 8] * 4, [9, 3, 1] * 5]
-    plain = Engine(EngineConfig(model=str(qwen3_dir), num_kv_blocks=64, block_size=8))
+    plain = Engine(EngineConfig(model=str(qwen3_dir), num_kv_pages=64, kv_page_size=8))
     expected = {}
     for i, p in enumerate(prompts):
         plain.add_request(p, params, request_id=str(i))
@@ -45,8 +45,8 @@ def test_gated_engine_stays_token_identical_and_probes(qwen3_dir):
             model=str(qwen3_dir),
             scheduler="dspark",
             num_speculative_tokens=4,
-            num_kv_blocks=64,
-            block_size=8,
+            num_kv_pages=64,
+            kv_page_size=8,
             cost_table_ema=0.0,
         ),
         drafter=ScriptedDrafter({tuple(p): expected[str(i)] for i, p in enumerate(prompts)}, gamma=4),

@@ -44,7 +44,7 @@ def reference(model_dir, prompts) -> list[list[int]]:
     if str(model_dir) in _REFERENCE:
         return _REFERENCE[str(model_dir)]
     outs = []
-    engine = Engine(EngineConfig(model=str(model_dir), drafter="none", max_num_seqs=1, num_kv_blocks=32))
+    engine = Engine(EngineConfig(model=str(model_dir), drafter="none", max_num_seqs=1, num_kv_pages=32))
     for p in prompts:
         rid = engine.add_request(p, GREEDY)
         final = None
@@ -69,8 +69,8 @@ def small_batch_config(model_dir, drafter: str = "none") -> EngineConfig:
         num_speculative_tokens=4,
         max_num_seqs=6,
         max_num_batched_tokens=36,
-        block_size=8,
-        num_kv_blocks=96,
+        kv_page_size=8,
+        num_kv_pages=96,
     )
 
 
@@ -96,4 +96,4 @@ def test_greedy_identical_to_plain_decoding(model_dir, drafter):
     if drafter == "scripted":
         assert stats.accepted_tokens < stats.drafted_tokens  # and rejections were rolled back
         assert stats.mean_accept_length > 2
-    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks  # every block came back
+    assert engine.pages.num_free_pages == engine.pages.num_pages  # every block came back

@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from dspark.checkpoint import load_checkpoint
-from dspark.kv_cache import BlockManager, KVCache
+from dspark.kv_cache import KVCache, PageManager
 from dspark.model import CausalLM
 from dspark.runner import ForwardItem, ModelRunner
 
@@ -19,7 +19,7 @@ def make_runner(path):
     model = CausalLM.from_checkpoint(ckpt)
     cfg = ckpt.config
     kv = KVCache(cfg.num_layers, 64, BLOCK, cfg.num_kv_heads, cfg.head_dim, torch.float32)
-    return ModelRunner(model, kv, BLOCK), BlockManager(64, BLOCK), cfg
+    return ModelRunner(model, kv, BLOCK), PageManager(64, BLOCK), cfg
 
 
 @pytest.fixture(params=["qwen3", "llama"])

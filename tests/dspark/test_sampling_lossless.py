@@ -46,8 +46,8 @@ def sample_through_engine(path, params: SamplingParams) -> torch.Tensor:
             model=str(path),
             max_num_seqs=64,
             num_speculative_tokens=3,
-            num_kv_blocks=256,
-            block_size=4,
+            num_kv_pages=256,
+            kv_page_size=4,
             seed=11,
         )
     )
@@ -114,7 +114,7 @@ def test_seeded_requests_reproduce(small_vocab_dir):
     params = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, seed=1234)
     runs = []
     for _ in range(2):
-        engine = Engine(EngineConfig(model=str(small_vocab_dir), num_kv_blocks=64, block_size=4))
+        engine = Engine(EngineConfig(model=str(small_vocab_dir), num_kv_pages=64, kv_page_size=4))
         engine.drafter = AdversarialDrafter(torch.zeros(VOCAB), gamma=3)
         engine.gamma = engine.policy.gamma = 3
         engine.add_request(PROMPT, params, request_id="r")

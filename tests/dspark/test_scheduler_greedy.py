@@ -40,8 +40,8 @@ def scheduled_engine(model_dir, prompts, expected, mode: str, **options) -> Engi
         num_speculative_tokens=4,
         max_num_seqs=6,
         max_num_batched_tokens=MAX_TOKENS,
-        block_size=8,
-        num_kv_blocks=96,
+        kv_page_size=8,
+        num_kv_pages=96,
         cost_table_ema=0.0,  # the injected table stays as written, so lengths are reproducible
         **options,
     )
@@ -72,7 +72,7 @@ def test_every_mode_is_greedy_identical(qwen3_dir, mode):
 
     assert run_staggered(engine, prompts) == expected
     stats = engine.stats
-    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+    assert engine.pages.num_free_pages == engine.pages.num_pages
     chosen = [n for _, lengths in recorder.rounds for n in lengths]
     windows = [w for round_, _ in recorder.rounds for w in round_.windows]
     assert stats.verify_length_hist == [chosen.count(n) for n in range(max(chosen) + 1)]

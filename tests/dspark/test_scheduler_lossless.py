@@ -158,8 +158,8 @@ def engine_counts(path, mode: str, max_num_seqs: int, samples: int, policy=None)
             draft_gate=False,  # the Appendix A situation needs a drafted block every round
             max_num_seqs=max_num_seqs,
             num_speculative_tokens=2,
-            num_kv_blocks=256,
-            block_size=4,
+            num_kv_pages=256,
+            kv_page_size=4,
             seed=11,
             cost_table_ema=0.0,  # the table is the test's, exactly
         ),

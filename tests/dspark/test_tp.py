@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 from dspark import LLM, EngineConfig, SamplingParams, tp
 
 PROMPTS = ["def wrap(text, width):", "import bisect\n", "class TextWrapper:\n    "]
-OPTIONS = dict(drafter="ngram", num_speculative_tokens=4, num_kv_blocks=64)
+OPTIONS = dict(drafter="ngram", num_speculative_tokens=4, num_kv_pages=64)
 PARAMS = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 
@@ -28,7 +28,7 @@ def _rank(rank: int, world: int, init_method: str, model_dirs: list[str], out: s
             llm.engine.runner.stop()
         else:
             config = EngineConfig(model=model, **OPTIONS)
-            tp.follow(tp.follower_runner(config, OPTIONS["num_kv_blocks"], rank, world))
+            tp.follow(tp.follower_runner(config, OPTIONS["num_kv_pages"], rank, world))
     if rank == 0:
         with open(out, "w") as f:
             json.dump(results, f)

@@ -23,9 +23,7 @@ def client(serve_stack):
 
 def replicas_idle() -> bool:
     stats = asyncio.run(routing_stats(APP, "TargetReplica"))
-    return all(
-        s["running_requests"] == 0 and s["kv_unreserved_blocks"] == s["kv_total_blocks"] for s in stats
-    )
+    return all(s["running_requests"] == 0 and s["kv_unreserved_pages"] == s["kv_total_pages"] for s in stats)
 
 
 def test_generate_equals_offline_greedy(client, serve_stack):

@@ -11,7 +11,6 @@ proportions; 5 layers rather than 4 so drafters have shallow/mid/deep layers to 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -25,6 +24,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+from drafter_service.training.precision import bf16_autocast
 
 
 @dataclass(frozen=True)
@@ -114,10 +115,6 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
     cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
     return cfg.lr * (cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * cosine)
-
-
-def bf16_autocast(enabled: bool) -> contextlib.AbstractContextManager:
-    return torch.autocast("cpu", dtype=torch.bfloat16) if enabled else contextlib.nullcontext()
 
 
 @torch.no_grad()

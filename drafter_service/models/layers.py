@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from drafter_service.drafter_config import DrafterConfig
+from drafter_service.models.config import DrafterConfig
 from dspark.model import RMSNorm, apply_rotary
 
 

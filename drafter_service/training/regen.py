@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from drafter_service import corpus
+from drafter_service.demo import corpus
 from dspark import LLM, SamplingParams
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from drafter_service.drafter_paths import open_drafter
-from drafter_service.layers import pad_rows
+from drafter_service.models.layers import pad_rows
+from drafter_service.models.paths import open_drafter
 from dspark.drafter import DraftProposal, DraftRequest
 from dspark.sampling import sample_rows
 

@@ -12,13 +12,13 @@ from pathlib import Path
 
 from transformers import AutoConfig, AutoTokenizer
 
-from drafter_service import corpus
-from drafter_service.calibration import calibration_report, fit_sts
-from drafter_service.drafter_checkpoint import save_drafter
-from drafter_service.drafter_config import DrafterConfig
-from drafter_service.evaluate import run_rounds
-from drafter_service.regen import regenerate
-from drafter_service.train import TrainSettings, train_drafters
+from drafter_service.calibration.rounds import run_rounds
+from drafter_service.calibration.sts import calibration_report, fit_sts
+from drafter_service.demo import corpus
+from drafter_service.models.checkpoint import save_drafter
+from drafter_service.models.config import DrafterConfig
+from drafter_service.training.regen import regenerate
+from drafter_service.training.train import TrainSettings, train_drafters
 from dspark import LLM, SamplingParams
 
 GAMMA = 7

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from drafter_service.drafter_config import DrafterConfig
-from drafter_service.layers import DraftLayer, rope_cos_sin
+from drafter_service.models.config import DrafterConfig
+from drafter_service.models.layers import DraftLayer, rope_cos_sin
 from dspark.model import RMSNorm
 
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from drafter_service.block_drafter import BlockDrafter
-from drafter_service.target_states import TargetStates
+from drafter_service.models.block import BlockDrafter
+from drafter_service.training.target_states import TargetStates
 
 
 @dataclass

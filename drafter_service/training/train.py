@@ -13,13 +13,13 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from drafter_service.ar_training import ar_loss
-from drafter_service.block_training import block_loss
-from drafter_service.drafter_checkpoint import build_drafter
-from drafter_service.drafter_config import DrafterConfig
-from drafter_service.regen import Regenerated
-from drafter_service.target import bf16_autocast
-from drafter_service.target_states import FrozenTarget
+from drafter_service.models.checkpoint import build_drafter
+from drafter_service.models.config import DrafterConfig
+from drafter_service.training.ar_loss import ar_loss
+from drafter_service.training.block_loss import block_loss
+from drafter_service.training.precision import bf16_autocast
+from drafter_service.training.regen import Regenerated
+from drafter_service.training.target_states import FrozenTarget
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from drafter_service.drafter_checkpoint import load_drafter
+from drafter_service.models.checkpoint import load_drafter
 from dspark.errors import ModelLoadError
 
 

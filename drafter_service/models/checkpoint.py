@@ -11,12 +11,12 @@ from pathlib import Path
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from drafter_service.drafter_config import DrafterConfig
+from drafter_service.models.config import DrafterConfig
 
 
 def build_drafter(cfg: DrafterConfig, embed: nn.Embedding, lm_head: nn.Linear) -> nn.Module:
-    from drafter_service.ar_drafter import ARDrafter
-    from drafter_service.block_drafter import BlockDrafter
+    from drafter_service.models.autoregressive import ARDrafter
+    from drafter_service.models.block import BlockDrafter
 
     return (BlockDrafter if cfg.is_block else ARDrafter)(cfg, embed, lm_head)
 

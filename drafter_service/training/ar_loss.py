@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from drafter_service.ar_drafter import ARDrafter
-from drafter_service.target_states import TargetStates
+from drafter_service.models.autoregressive import ARDrafter
+from drafter_service.training.target_states import TargetStates
 
 
 def ttt_mask(n: int, step: int) -> torch.Tensor:

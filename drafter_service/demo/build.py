@@ -1,4 +1,4 @@
-"""Build the demo model stack: ``python -m drafter_service.build_models --out models``.
+"""Build the demo model stack: ``python -m drafter_service.demo.build --out models``.
 
 The build is an ordered list of `Step`s, each writing one directory under ``--out`` and finishing by
 writing a completion marker. A step whose marker exists is skipped, so rerunning after an interruption
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from drafter_service import corpus
-from drafter_service.target import TargetShape, TrainConfig, train_target
-from drafter_service.tokenizer import train_tokenizer
+from drafter_service.demo import corpus
+from drafter_service.demo.target import TargetShape, TrainConfig, train_target
+from drafter_service.demo.tokenizer import train_tokenizer
 
 MARKER = ".complete"
 
@@ -71,7 +71,7 @@ def build_target(ctx: BuildContext, directory: Path) -> None:
 
 def build_all_drafters(ctx: BuildContext, directory: Path) -> None:
     """DSpark, DFlash, EAGLE-3, MTP-1 and the Markov ablation, trained together on the target's states."""
-    from drafter_service.build_drafters import build_drafters
+    from drafter_service.demo.drafters import build_drafters
 
     build_drafters(ctx.target_dir, directory)
 

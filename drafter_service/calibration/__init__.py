@@ -1,0 +1,1 @@
+"""Verify rounds recorded through the engine, and the STS calibration fitted on them."""

@@ -1,0 +1,1 @@
+"""The demo stack `make models` builds from the standard library's own text (no download)."""

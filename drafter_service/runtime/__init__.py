@@ -1,0 +1,1 @@
+"""Learned drafters serving inside the engine (the `dspark.drafters` entry points)."""

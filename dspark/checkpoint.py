@@ -1,16 +1,19 @@
 """Loading a local Hugging Face checkpoint directory: config, safetensors weights, tokenizer.
 
-Only safetensors are read, so nothing from disk is ever unpickled; no remote code runs.
+Only safetensors are read, so nothing from disk is ever unpickled; no remote code runs. Weights are
+read lazily, tensor by tensor, and a reader may take only a slice of each (a tensor-parallel rank
+reads its own shard and nothing else: dspark/tp.py).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from safetensors import safe_open
 
 from dspark.errors import ModelLoadError
 
@@ -42,16 +45,46 @@ class ModelConfig:
 
 @dataclass
 class Checkpoint:
+    """What a checkpoint directory holds; its weights stay on disk until `read_weights`."""
+
     config: ModelConfig
-    state_dict: dict[str, torch.Tensor]
+    weight_files: list[Path]
     inv_freq: torch.Tensor
     rope_scaling: float
     tokenizer: object | None
     name: str
 
 
+# Reads the part of checkpoint tensor `name` a model holds from its lazy slice, or None to skip it.
+Take = Callable[[str, object], torch.Tensor | None]
+
+
+def read_whole(name: str, lazy) -> torch.Tensor:
+    return lazy[:]
+
+
+def read_weights(
+    ckpt: Checkpoint, dtype: torch.dtype, device: torch.device | str = "cpu", take: Take = read_whole
+) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors, each read as `take` slices it into its own storage of `dtype` on `device`.
+
+    safetensors hands out views of a memory map of the whole file; copying each slice out at once
+    means the model holds exactly its slices, and the map is let go when the file closes.
+    """
+    weights: dict[str, torch.Tensor] = {}
+    for file in ckpt.weight_files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                if ckpt.config.tie_word_embeddings and name == "lm_head.weight":
+                    continue  # the embedding's weight serves both
+                view = take(name, f.get_slice(name))
+                if view is not None:
+                    weights[name] = torch.empty(view.shape, dtype=dtype, device=device).copy_(view)
+    return weights
+
+
 def load_checkpoint(path: str | Path, load_tokenizer: bool = True) -> Checkpoint:
-    """Read config, weights and tokenizer from `path`; errors name what is missing or unsupported."""
+    """Read config and tokenizer from `path` and find its weights; errors name what is missing."""
     directory = Path(path)
     if not directory.is_dir():
         raise ModelLoadError(f"model directory {str(directory)!r} does not exist")
@@ -66,12 +99,9 @@ def load_checkpoint(path: str | Path, load_tokenizer: bool = True) -> Checkpoint
         )
     hf_config = _load_hf_config(directory)
     config = model_config_from_hf(hf_config, directory)
-    state_dict: dict[str, torch.Tensor] = {}
-    for file in weight_files:
-        state_dict.update(load_file(str(file)))
     inv_freq, scaling = rope_frequencies(hf_config)
     tokenizer = _load_tokenizer(directory) if load_tokenizer else None
-    return Checkpoint(config, state_dict, inv_freq, scaling, tokenizer, directory.name)
+    return Checkpoint(config, weight_files, inv_freq, scaling, tokenizer, directory.name)
 
 
 def _load_hf_config(directory: Path):

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dspark.attention import AttentionBatch, paged_attention
-from dspark.checkpoint import Checkpoint, ModelConfig
+from dspark.checkpoint import Checkpoint, ModelConfig, read_weights
 from dspark.errors import ModelLoadError
 
 
@@ -114,26 +114,40 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     @classmethod
-    def from_checkpoint(cls, ckpt: Checkpoint, dtype: torch.dtype = torch.float32) -> CausalLM:
+    def on_meta(cls, ckpt: Checkpoint) -> CausalLM:
+        """The model's structure without storage: shard it (dspark/tp.py), then `load_weights`."""
         with torch.device("meta"):
-            model = cls(ckpt.config, torch.empty_like(ckpt.inv_freq, device="meta"), ckpt.rope_scaling)
-        weights = dict(ckpt.state_dict)
-        if ckpt.config.tie_word_embeddings:
-            weights.pop("lm_head.weight", None)
-        expected = {
-            k for k in model.state_dict() if not (ckpt.config.tie_word_embeddings and k == "lm_head.weight")
-        }
+            return cls(ckpt.config, torch.empty_like(ckpt.inv_freq, device="meta"), ckpt.rope_scaling)
+
+    @classmethod
+    def from_checkpoint(
+        cls, ckpt: Checkpoint, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+    ) -> CausalLM:
+        """The whole model, its weights read straight into `dtype` on `device`."""
+        return cls.on_meta(ckpt).load_weights(ckpt, read_weights(ckpt, dtype, device))
+
+    def load_weights(self, ckpt: Checkpoint, weights: dict[str, torch.Tensor]) -> CausalLM:
+        """Give every parameter its tensor (as it is: no copy); the names must match exactly."""
+        tied = ckpt.config.tie_word_embeddings
+        expected = {k for k in self.state_dict() if not (tied and k == "lm_head.weight")}
         missing, unexpected = sorted(expected - weights.keys()), sorted(weights.keys() - expected)
         if missing or unexpected:
             raise ModelLoadError(
                 f"checkpoint {ckpt.name!r} does not match its config: "
                 f"missing {missing[:5]}, unexpected {unexpected[:5]}"
             )
-        model.load_state_dict({k: t.to(dtype) for k, t in weights.items()}, strict=False, assign=True)
-        if ckpt.config.tie_word_embeddings:
-            model.lm_head.weight = model.model.embed_tokens.weight
-        model.rotary.inv_freq = ckpt.inv_freq.clone()
-        return model.eval()
+        for name, tensor in weights.items():
+            expect = self.get_parameter(name).shape
+            if tensor.shape != expect:
+                raise ModelLoadError(
+                    f"checkpoint {ckpt.name!r}: {name} has shape {tuple(tensor.shape)}, "
+                    f"its config says {tuple(expect)}"
+                )
+        self.load_state_dict(weights, strict=False, assign=True)
+        if tied:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rotary.inv_freq = ckpt.inv_freq.to(self.model.embed_tokens.weight.device, copy=True)
+        return self.eval()
 
     def forward(
         self,

@@ -2,7 +2,8 @@
 
 The replica itself is rank 0 (bundle 0 of its STRICT_PACK group, with the engine and the drafter);
 `dspark.tp` does the sharding and the lockstep forward. This file only places processes and
-rendezvouses them.
+rendezvouses them. Every rank loads only its own shard, all at once; the followers start following
+before rank 0's engine exists, so the engine's cost-table profile runs on all shards in lockstep.
 """
 
 from __future__ import annotations
@@ -34,20 +35,14 @@ class ShardWorker:
     """Ranks > 0: join the group, load a shard, then follow rank 0's forwards until told to stop."""
 
     def __init__(
-        self,
-        config: EngineConfig,
-        num_pages: int,
-        rank: int,
-        world: int,
-        init_method: str,
-        threads: int | None,
+        self, config: EngineConfig, rank: int, world: int, init_method: str, threads: int | None
     ) -> None:
         if threads:
             torch.set_num_threads(threads)
         dist.init_process_group(
             _backend(config), init_method=init_method, rank=rank, world_size=world, timeout=TIMEOUT
         )
-        self.runner = tp.follower_runner(config, num_pages, rank, world)
+        self.runner = tp.follower_runner(config, tp.TPContext(rank, world))
 
     def run(self) -> int:
         steps = tp.follow(self.runner)
@@ -70,8 +65,7 @@ class TensorParallelGroup:
 
 
 def start(config: EngineConfig, world: int, threads: int | None = None, cpus_per_shard: float = 1.0):
-    """Load the engine as rank 0 and start its `world - 1` shard workers; returns (engine, group)."""
-    engine = Engine(config)
+    """Start `world - 1` shard workers, then build the engine as rank 0; returns (engine, group)."""
     pg = ray.util.get_current_placement_group()
     if pg is None:
         raise RuntimeError("tensor_parallel_size > 1 needs the replica to run in a placement group")
@@ -82,14 +76,24 @@ def start(config: EngineConfig, world: int, threads: int | None = None, cpus_per
             num_cpus=cpus_per_shard,
             num_gpus=gpu,
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank),
-        ).remote(config, engine.pages.num_pages, rank, world, init_method, threads)
+        ).remote(config, rank, world, init_method, threads)
         for rank in range(1, world)
     ]
-    dist.init_process_group(
-        _backend(config), init_method=init_method, rank=0, world_size=world, timeout=TIMEOUT
-    )
-    tp.shard_engine(engine, world)
-    return engine, TensorParallelGroup(workers, [w.run.remote() for w in workers])
+    # Queued behind each worker's __init__: the followers follow as soon as their shard is loaded.
+    loops = [w.run.remote() for w in workers]
+    try:
+        dist.init_process_group(
+            _backend(config), init_method=init_method, rank=0, world_size=world, timeout=TIMEOUT
+        )
+        engine = Engine(config, tp=tp.TPContext(0, world))
+    except BaseException:
+        # Followers blocked in a collective would wait out the timeout; end them with the replica.
+        for worker in workers:
+            ray.kill(worker)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        raise
+    return engine, TensorParallelGroup(workers, loops)
 
 
 def _free_port() -> int:

@@ -97,6 +97,9 @@ class ProfileShape:
     device: str
     tap_layers: tuple[int, ...] = ()
     coarse: bool = False  # fewer points and repetitions: for tiny models and tests
+    # Profiled on rank 0 of this many shards, the others in lockstep: all-reduces and smaller matmuls
+    # make a sharded forward's speed its own.
+    tensor_parallel_size: int = 1
 
 
 def default_cache_dir() -> Path:
@@ -135,6 +138,12 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cache_path(fp: dict, cache_dir: str | Path | None = None) -> Path:
+    """Where the table of fingerprint `fp` is cached: one file per distinct fingerprint."""
+    key = hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:20]
+    return Path(cache_dir or default_cache_dir()) / f"sps-{key}.json"
+
+
 def load_or_profile(
     runner: ModelRunner,
     model_dir: str | Path,
@@ -144,8 +153,7 @@ def load_or_profile(
 ) -> CostTable:
     """The cached table for this fingerprint, or a fresh profile (also when `force`) written to the cache."""
     fp = fingerprint(model_dir, shape)
-    key = hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:20]
-    path = Path(cache_dir or default_cache_dir()) / f"sps-{key}.json"
+    path = cache_path(fp, cache_dir)
     if not force and path.is_file():
         try:
             data = json.loads(path.read_text())
@@ -206,7 +214,7 @@ def _grid(max_tokens: int, coarse: bool) -> list[int]:
 def _time_forward(runner: ModelRunner, shape: ProfileShape, num_tokens: int) -> float:
     """Seconds of one verify-shaped forward: B tokens over as many requests as gamma + 1 windows need."""
     num_seqs = min(shape.max_seqs, num_tokens, max(1, math.ceil(num_tokens / (shape.gamma + 1))))
-    num_pages = runner.kv.k[0].shape[0] // shape.page_size
+    num_pages = runner.kv.num_pages
     items = []
     for r in range(num_seqs):
         n = num_tokens // num_seqs + (r < num_tokens % num_seqs)

@@ -24,14 +24,14 @@ from dspark.draft_budget import DraftBudget
 from dspark.draft_gate import DraftGate
 from dspark.drafter import Drafter, DraftProposal, DraftRequest, create_drafter
 from dspark.errors import AdmissionError, InvalidRequestError
-from dspark.kv_cache import KVCache, PageManager
-from dspark.model import CausalLM
+from dspark.kv_cache import PageManager
 from dspark.outputs import RequestOutput
-from dspark.runner import ForwardItem, ModelRunner
+from dspark.runner import ForwardItem
 from dspark.sampling import greedy, probs_from_logits, sample
 from dspark.sampling_params import SamplingParams
 from dspark.sequence import Sequence, Status
 from dspark.stats import EngineStats
+from dspark.tp import TPContext, rank_runner
 from dspark.verify import verify
 from dspark.verify_policy import SCHEDULED_MODES, VerifyLengthPolicy, VerifyRound, make_policy, window_limit
 
@@ -43,37 +43,25 @@ class Engine:
         drafter: Drafter | None = None,
         policy: VerifyLengthPolicy | None = None,
         cost_table: CostTable | None = None,
+        tp: TPContext | None = None,
     ) -> None:
         self.config = config
+        # Rank 0 of a tensor-parallel group from the start: the model and KV cache are this rank's
+        # shard, and every forward is broadcast to the followers (dspark/tp.py).
+        self.tp = tp or TPContext()
+        if self.tp.rank != 0:
+            raise ValueError("ranks > 0 run no engine: they follow rank 0 (tp.follower_runner, tp.follow)")
         ckpt = load_checkpoint(config.model)
         cfg = ckpt.config
         self.model_config = cfg
         self.model_name = ckpt.name
         self.tokenizer = ckpt.tokenizer
-        self.model = CausalLM.from_checkpoint(ckpt, config.torch_dtype).to(config.device)
+        self.runner = rank_runner(ckpt, config, self.tp)
+        self.model = self.runner.model
         self.max_model_len = min(
             config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings
         )
-        num_pages = config.num_kv_pages or max(
-            1,
-            config.kv_cache_memory_mb
-            * 2**20
-            // (
-                KVCache.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, config.torch_dtype)
-                * config.kv_page_size
-            ),
-        )
-        self.pages = PageManager(num_pages, config.kv_page_size)
-        kv = KVCache(
-            cfg.num_layers,
-            num_pages,
-            config.kv_page_size,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            config.torch_dtype,
-            config.device,
-        )
-        self.runner = ModelRunner(self.model, kv, config.kv_page_size, config.device)
+        self.pages = PageManager(self.runner.kv.num_pages, config.kv_page_size)
         self.drafter = drafter or create_drafter(
             config.drafter,
             num_speculative_tokens=config.num_speculative_tokens,
@@ -130,6 +118,7 @@ class Engine:
             device=config.device,
             tap_layers=tuple(self.drafter.target_layer_ids),
             coarse=config.cost_table_profile == "coarse",
+            tensor_parallel_size=self.tp.world,
         )
         self.cost_table = load_or_profile(self.runner, config.model, shape, config.cost_table_dir, force)
         return self.cost_table

@@ -6,42 +6,92 @@ slice of their input features (row parallel) and all-reduce their partial sums. 
 lm_head stay whole, so after each all-reduce every rank holds the plain model's residual stream:
 hidden-state taps and logits read on rank 0 are the unsharded model's, up to summation order.
 
-Rank 0 runs the engine (scheduler, drafter, sampling) with a `ShardedRunner` that broadcasts each
-step's inputs; the other ranks `follow`. Placing the processes is the caller's business (Ray actors in
+No rank ever holds the whole model, so a model that fits no single device can still be served: a rank
+builds the model on the meta device (no storage), shards that empty structure, then reads from the
+safetensors files only the slices its shard holds, straight into the engine dtype on its device
+(`load_shard`). Its KV cache holds its own key/value heads only.
+
+Rank 0 runs the engine (`Engine(config, tp=TPContext(0, world))`: scheduler, drafter, sampling) with a
+`ShardedRunner` that broadcasts each forward's inputs; the other ranks build `follower_runner` and
+`follow`. The SPS cost table is therefore profiled on the sharded model, all ranks in lockstep.
+Placing the processes and joining the group is the caller's business (Ray actors in
 deployments/tensor_parallel.py; plain processes in tests). Works with any torch.distributed backend
 (gloo on CPU, NCCL on GPU).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import partial
+
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from dspark.checkpoint import load_checkpoint
+from dspark.checkpoint import Checkpoint, ModelConfig, load_checkpoint, read_weights
 from dspark.config import EngineConfig
-from dspark.engine import Engine
 from dspark.kv_cache import KVCache
 from dspark.model import CausalLM
 from dspark.runner import ForwardItem, ForwardResult, ModelRunner
 
+# Linears that keep a slice of their output features (weight rows and bias) ...
+COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+# ... and those that keep the matching slice of their input features (weight columns), whose partial
+# sums are all-reduced; their bias joins the sum once, on rank 0.
+ROW_PARALLEL = ("o_proj", "down_proj")
 KEEPALIVE = "keepalive"
 
 
-def _keep(linear: nn.Linear, dim: int, rank: int, world: int) -> None:
-    """Keep this rank's slice of a Linear along its output (dim 0) or input (dim 1) features."""
-    weight = linear.weight.detach()
-    if weight.shape[dim] % world:
-        raise ValueError(f"cannot split {tuple(weight.shape)} {world} ways along dim {dim}")
-    linear.weight = nn.Parameter(weight.chunk(world, dim)[rank].clone(), requires_grad=False)
+@dataclass(frozen=True)
+class TPContext:
+    """This process's place in a tensor-parallel group (`group` None: the default process group)."""
+
+    rank: int = 0
+    world: int = 1
+    group: object = None
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world:
+            raise ValueError(f"rank {self.rank} is not in a group of {self.world}")
+
+
+def _part(n: int, tp: TPContext, what: str) -> slice:
+    """This rank's contiguous share of n features."""
+    if n % tp.world:
+        raise ValueError(f"tensor_parallel_size={tp.world} does not divide {what}={n}")
+    size = n // tp.world
+    return slice(tp.rank * size, (tp.rank + 1) * size)
+
+
+def read_shard(tp: TPContext, name: str, lazy) -> torch.Tensor | None:
+    """This rank's part of checkpoint tensor `name`, read from its lazy safetensors slice and no more."""
+    module, _, kind = name.rpartition(".")
+    module = module.rpartition(".")[2]
+    if module in COLUMN_PARALLEL:
+        return lazy[_part(lazy.get_shape()[0], tp, name)]
+    if module in ROW_PARALLEL:
+        if kind == "bias":
+            return lazy[:] if tp.rank == 0 else None
+        return lazy[:, _part(lazy.get_shape()[1], tp, name)]
+    return lazy[:]
+
+
+def _keep(linear: nn.Linear, dim: int, tp: TPContext) -> None:
+    """Keep this rank's slice of a Linear along its output (dim 0) or input (dim 1) features.
+
+    On a meta model this only reshapes; `load_shard` then fills in the slices read from disk.
+    """
+    part = _part(linear.weight.shape[dim], tp, f"{'out' if dim == 0 else 'in'}_features")
+    weight = linear.weight.detach()  # clone: a loaded model must not keep the whole tensor alive
+    linear.weight = nn.Parameter((weight[part] if dim == 0 else weight[:, part]).clone(), requires_grad=False)
     if dim == 0:
         linear.out_features = linear.weight.shape[0]
         if linear.bias is not None:
-            linear.bias = nn.Parameter(linear.bias.detach().chunk(world)[rank].clone(), requires_grad=False)
+            linear.bias = nn.Parameter(linear.bias.detach()[part].clone(), requires_grad=False)
     else:
         linear.in_features = linear.weight.shape[1]
-        if linear.bias is not None and rank != 0:
-            linear.bias = None  # row parallel: the bias joins the sum once, on rank 0
+        if linear.bias is not None and tp.rank != 0:
+            linear.bias = None
 
 
 def _all_reduce_output(linear: nn.Linear, group) -> None:
@@ -52,38 +102,55 @@ def _all_reduce_output(linear: nn.Linear, group) -> None:
     linear.register_forward_hook(hook)
 
 
-def shard_model(model: CausalLM, rank: int, world: int, group=None) -> CausalLM:
-    """Turn `model` into rank `rank`'s shard of a `world`-way tensor-parallel model, in place."""
+def shard_model(model: CausalLM, tp: TPContext) -> CausalLM:
+    """Turn `model` (empty on the meta device, or loaded) into rank tp.rank's shard, in place."""
+    if tp.world == 1:
+        return model
     cfg = model.config
     for name, n in (
         ("num_attention_heads", cfg.num_heads),
         ("num_key_value_heads", cfg.num_kv_heads),
         ("intermediate_size", cfg.intermediate_size),
     ):
-        if n % world:
-            raise ValueError(f"tensor_parallel_size={world} does not divide {name}={n}")
+        _part(n, tp, name)  # contiguous head slices keep each query head with its GQA key/value head
+    for name, module in model.named_modules():
+        kind = name.rpartition(".")[2]
+        if kind in COLUMN_PARALLEL:
+            _keep(module, 0, tp)
+        elif kind in ROW_PARALLEL:
+            _keep(module, 1, tp)
+            _all_reduce_output(module, tp.group)
     for layer in model.model.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        # Contiguous head slices keep each query head with its GQA key/value head.
-        for linear in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj):
-            _keep(linear, 0, rank, world)
-        for linear in (attn.o_proj, mlp.down_proj):
-            _keep(linear, 1, rank, world)
-            _all_reduce_output(linear, group)
-        attn.num_heads, attn.num_kv_heads = cfg.num_heads // world, cfg.num_kv_heads // world
+        layer.self_attn.num_heads = cfg.num_heads // tp.world
+        layer.self_attn.num_kv_heads = cfg.num_kv_heads // tp.world
     return model
 
 
-def shard_kv_cache(engine_config: EngineConfig, model: CausalLM, num_pages: int, world: int) -> KVCache:
-    cfg = model.config
+def load_shard(
+    ckpt: Checkpoint, tp: TPContext, dtype: torch.dtype, device: torch.device | str = "cpu"
+) -> CausalLM:
+    """Rank tp.rank's shard: built empty at its sharded shapes, filled with only the slices it holds."""
+    model = shard_model(CausalLM.on_meta(ckpt), tp)
+    return model.load_weights(ckpt, read_weights(ckpt, dtype, device, partial(read_shard, tp)))
+
+
+def rank_kv_cache(config: EngineConfig, cfg: ModelConfig, world: int = 1) -> KVCache:
+    """This rank's KV cache: its own key/value heads, in `num_kv_pages` pages or as many as
+    `kv_cache_memory_mb` (per rank) holds. The count follows from the configs alone, so every rank
+    pages the same slots without asking rank 0."""
+    kv_heads = cfg.num_kv_heads // world
+    per_page = KVCache.bytes_per_token(cfg.num_layers, kv_heads, cfg.head_dim, config.torch_dtype)
+    num_pages = config.num_kv_pages or max(
+        1, config.kv_cache_memory_mb * 2**20 // (per_page * config.kv_page_size)
+    )
     return KVCache(
         cfg.num_layers,
         num_pages,
-        engine_config.kv_page_size,
-        cfg.num_kv_heads // world,
+        config.kv_page_size,
+        kv_heads,
         cfg.head_dim,
-        engine_config.torch_dtype,
-        engine_config.device,
+        config.torch_dtype,
+        config.device,
     )
 
 
@@ -107,33 +174,23 @@ class ShardedRunner(ModelRunner):
         dist.broadcast_object_list([None], src=0, group=self.group)
 
 
-def shard_engine(engine: Engine, world: int, group=None) -> Engine:
-    """Make a loaded engine rank 0 of `world`: shard its model, shrink its KV cache to its heads.
-
-    The page count stays the engine's, so every rank pages the same slots and admission is unchanged.
-    """
-    shard_model(engine.model, 0, world, group)
-    kv = shard_kv_cache(engine.config, engine.model, engine.pages.num_pages, world)
-    engine.runner = ShardedRunner(
-        engine.model, kv, engine.config.kv_page_size, engine.config.device, group=group
-    )
-    return engine
+def rank_runner(ckpt: Checkpoint, config: EngineConfig, tp: TPContext) -> ModelRunner:
+    """This rank's shard of the target over its part of the KV cache; rank 0 of a group broadcasts."""
+    model = load_shard(ckpt, tp, config.torch_dtype, config.device)
+    kv = rank_kv_cache(config, ckpt.config, tp.world)
+    if tp.rank == 0 and tp.world > 1:
+        return ShardedRunner(model, kv, config.kv_page_size, config.device, group=tp.group)
+    return ModelRunner(model, kv, config.kv_page_size, config.device)
 
 
-def follower_runner(
-    engine_config: EngineConfig, num_pages: int, rank: int, world: int, group=None
-) -> ModelRunner:
-    """Rank `rank` > 0: its shard of the target and its part of the KV cache (no tokenizer, no drafter)."""
-    ckpt = load_checkpoint(engine_config.model, load_tokenizer=False)
-    model = CausalLM.from_checkpoint(ckpt, engine_config.torch_dtype).to(engine_config.device)
-    shard_model(model, rank, world, group)
-    kv = shard_kv_cache(engine_config, model, num_pages, world)
-    return ModelRunner(model, kv, engine_config.kv_page_size, engine_config.device)
+def follower_runner(config: EngineConfig, tp: TPContext) -> ModelRunner:
+    """Rank tp.rank > 0: its shard and its part of the KV cache (no tokenizer, no drafter)."""
+    return rank_runner(load_checkpoint(config.model, load_tokenizer=False), config, tp)
 
 
 @torch.inference_mode()
 def follow(runner: ModelRunner, group=None) -> int:
-    """Run every forward rank 0 broadcasts until it says stop; returns how many ran."""
+    """Run every forward rank 0 broadcasts until it says stop; returns how many messages came."""
     steps = 0
     while True:
         message = [None]

@@ -2,7 +2,9 @@
 
 With tensor_parallel_size N the replica is rank 0 of N shard processes in its STRICT_PACK placement
 group (deployments/tensor_parallel.py). Serve calls `record_routing_stats` for the router and
-`check_health` to replace a replica whose engine loop died or stopped making progress.
+`check_health` to replace a replica whose engine loop died, stopped making progress, or reports
+itself broken. Every call into the engine thread is awaited on the event loop with a deadline, so a
+stuck engine is reported, never waited on, and costs no thread.
 """
 
 from __future__ import annotations
@@ -19,12 +21,11 @@ from deployments import replica_state
 from deployments.config import AppConfig
 from deployments.events import StreamEvent
 from deployments.tensor_parallel import KEEPALIVE_PERIOD_S
-from dspark.async_engine import AsyncEngine
+from dspark.async_engine import CALL_TIMEOUT_S, AsyncEngine
 from dspark.engine import Engine
 from dspark.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
-STATS_TIMEOUT_S = 5.0
 
 
 @serve.deployment(name="TargetReplica")
@@ -49,6 +50,8 @@ class TargetReplica:
         self.engine = AsyncEngine(engine=engine)
         self._tau = replica_state.TauWindow()
         self._last_stats: dict = {}
+        self.stats_timeout_s = CALL_TIMEOUT_S
+        self._pending_snapshot: asyncio.Future | None = None  # at most one stats call queued at a time
         self._keepalive: asyncio.Task | None = None
 
     async def generate(
@@ -104,11 +107,9 @@ class TargetReplica:
         """What the router scores replicas by; the last good reading if the engine is slow to answer."""
         self._ensure_keepalive()
         try:
-            snap = await asyncio.wait_for(
-                asyncio.to_thread(self.engine.call, replica_state.snapshot), STATS_TIMEOUT_S
-            )
-        except Exception:  # a stuck or dead engine: check_health reports it, the router keeps old numbers
-            log.warning("routing stats unavailable; publishing the last reading", exc_info=True)
+            snap = await self._snapshot()
+        except Exception as exc:  # stuck or dead: check_health reports it, the router keeps old numbers
+            log.warning("routing stats unavailable (%r); publishing the last reading", exc)
             return {**self._last_stats, "healthy": False}
         snap["recent_tau"] = self._tau.update(snap.pop("rounds"), snap.pop("accepted_tokens"))
         snap["healthy"] = self.engine.is_healthy(self.config.stuck_after_s)
@@ -116,19 +117,31 @@ class TargetReplica:
         self._last_stats = snap
         return snap
 
+    async def _snapshot(self) -> dict:
+        """The engine's state, read on its thread within `stats_timeout_s`. While a read is still
+        queued behind a slow step, later calls wait on that one instead of queueing more."""
+        if self._pending_snapshot is None or self._pending_snapshot.done():
+            self._pending_snapshot = asyncio.wrap_future(self.engine.submit(replica_state.snapshot))
+            self._pending_snapshot.add_done_callback(_retrieve)
+        try:
+            return dict(await asyncio.wait_for(asyncio.shield(self._pending_snapshot), self.stats_timeout_s))
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"no engine stats within {self.stats_timeout_s:g}s") from None
+
     async def get_state(self) -> dict:
         """Admin: the routing stats plus the engine's counters."""
         stats = await self.record_routing_stats()
-        engine_stats = await asyncio.to_thread(self.engine.call, lambda e: e.stats.to_dict())
+        engine_stats = await self.engine.call_async(lambda e: e.stats.to_dict())
         return {**stats, "engine": engine_stats, "model": self.model_info()}
 
     async def set_draft_budget(self, budget: dict) -> dict:
         """Admin: change the draft budget while requests run; returns the budget in force."""
-        return await asyncio.to_thread(self.engine.call, replica_state.set_draft_budget, budget)
+        return await self.engine.call_async(replica_state.set_draft_budget, budget)
 
     def check_health(self) -> None:
-        if not self.engine.is_healthy(self.config.stuck_after_s):
-            raise RuntimeError(f"engine loop dead or stuck for over {self.config.stuck_after_s}s")
+        problem = self.engine.health_problem(self.config.stuck_after_s)
+        if problem is not None:
+            raise RuntimeError(f"replica unhealthy: {problem}")
 
     def __del__(self) -> None:
         # Serve first waits for in-flight requests (graceful_shutdown_timeout_s); whatever still runs
@@ -150,7 +163,16 @@ class TargetReplica:
     async def _keep_group_alive(self) -> None:
         while True:
             await asyncio.sleep(KEEPALIVE_PERIOD_S)
-            await asyncio.to_thread(self.engine.call, lambda e: e.runner.keepalive())
+            try:
+                await self.engine.call_async(lambda e: e.runner.keepalive(), timeout_s=KEEPALIVE_PERIOD_S)
+            except Exception as exc:  # a stuck or dead engine: check_health reports it
+                log.warning("tensor-parallel keepalive failed: %r", exc)
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    """Mark a stats read's outcome as seen: it may finish after every caller stopped waiting."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _replica_id() -> str:

@@ -3,7 +3,14 @@
 from dspark.async_engine import AsyncEngine
 from dspark.config import EngineConfig
 from dspark.engine import Engine
-from dspark.errors import AdmissionError, DSparkError, EngineDeadError, InvalidRequestError, ModelLoadError
+from dspark.errors import (
+    AdmissionError,
+    DSparkError,
+    EngineDeadError,
+    InvalidRequestError,
+    ModelLoadError,
+    RequestFailedError,
+)
 from dspark.llm import LLM
 from dspark.outputs import RequestOutput
 from dspark.sampling_params import SamplingParams
@@ -20,4 +27,5 @@ __all__ = [
     "AdmissionError",
     "ModelLoadError",
     "EngineDeadError",
+    "RequestFailedError",
 ]

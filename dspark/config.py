@@ -43,6 +43,12 @@ class EngineConfig:
     # its accepted tokens (draft_gate.py); False drafts every round, as Algorithm 1 alone does.
     draft_gate: bool = True
     cost_table_ema: float = 0.05  # weight of each observed step in the table's online refresh; 0 freezes
+    # Isolation (request_failure.py, drafter_guard.py): a request whose own processing raises fails
+    # alone, but this many such failures within `failure_window_steps` steps mark the engine unhealthy.
+    max_request_failures: int = 5
+    failure_window_steps: int = 200
+    # A request the drafter failed this many times decodes without drafts to its end.
+    max_drafter_failures: int = 3
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -61,7 +67,15 @@ class EngineConfig:
         for name in ("num_speculative_tokens",):
             if getattr(self, name) < 0:
                 raise InvalidRequestError(name, "must be >= 0")
-        for name in ("kv_page_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_mb"):
+        for name in (
+            "kv_page_size",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "kv_cache_memory_mb",
+            "max_request_failures",
+            "failure_window_steps",
+            "max_drafter_failures",
+        ):
             if getattr(self, name) <= 0:
                 raise InvalidRequestError(name, "must be >= 1")
         if self.max_num_batched_tokens < self.max_num_seqs * (self.num_speculative_tokens + 1):

@@ -4,10 +4,14 @@ Each step: the drafter proposes a block for every decoding request -> the verify
 how many drafted tokens of each the target checks -> one flattened forward verifies all of them and
 runs prefill chunks of newcomers -> rejection sampling accepts a prefix plus one token -> the cache
 keeps the accepted positions and rolls back the rest -> new tokens stream out.
+
+One request never hurts another: each request's own share of a step runs isolated and fails only
+that request (request_failure.py), and a faulty drafter costs drafts, never requests (drafter_guard.py).
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 import uuid
@@ -23,9 +27,11 @@ from dspark.detokenizer import IncrementalDetokenizer, find_stop
 from dspark.draft_budget import DraftBudget
 from dspark.draft_gate import DraftGate
 from dspark.drafter import Drafter, DraftProposal, DraftRequest, create_drafter
-from dspark.errors import AdmissionError, InvalidRequestError
+from dspark.drafter_guard import DrafterGuard
+from dspark.errors import AdmissionError, EngineDeadError, InvalidRequestError
 from dspark.kv_cache import PageManager
 from dspark.outputs import RequestOutput
+from dspark.request_failure import FailureWindow, check_logits, request_failure
 from dspark.runner import ForwardItem
 from dspark.sampling import greedy, probs_from_logits, sample
 from dspark.sampling_params import SamplingParams
@@ -34,6 +40,8 @@ from dspark.stats import EngineStats
 from dspark.tp import TPContext, rank_runner
 from dspark.verify import verify
 from dspark.verify_policy import SCHEDULED_MODES, VerifyLengthPolicy, VerifyRound, make_policy, window_limit
+
+log = logging.getLogger(__name__)
 
 
 class Engine:
@@ -83,6 +91,10 @@ class Engine:
         # calibration and monitoring read acceptance here without touching the step loop.
         self.round_observers: list = []
         self.stats = EngineStats()
+        self.draft_guard = DrafterGuard(cfg.vocab_size, config.max_drafter_failures, self.stats)
+        self._failures = FailureWindow(config.max_request_failures, config.failure_window_steps)
+        # Why this engine should be replaced (set once, never cleared); None while it is healthy.
+        self.unhealthy: str | None = None
         self._rng = random.Random(config.seed)
         self.draft_budget = self.stats.draft_budget = config.draft_budget
         # Survival rows of the last two rounds: [0] is round t-2 when round t is scheduled.
@@ -151,6 +163,8 @@ class Engine:
         self, prompt: str | Seq[int], params: SamplingParams | None = None, request_id: str | None = None
     ) -> str:
         """Admit a request or refuse it (InvalidRequestError / AdmissionError) without touching others."""
+        if self.unhealthy is not None:
+            raise EngineDeadError(f"engine unhealthy, taking no new requests: {self.unhealthy}")
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("params", "must be a SamplingParams")
@@ -209,7 +223,12 @@ class Engine:
     # ---- the step -------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one round for every running request; returns the requests that changed."""
+        """Run one round for every running request; returns the requests that changed.
+
+        A request's own share of the round (its draft cap, verify, sampling, emit) runs `_isolated`: if
+        it raises, that request alone fails. What belongs to no single request (the batched forward,
+        the policy) raises to the caller, which must treat the engine as broken (AsyncEngine does).
+        """
         t_start = time.perf_counter()
         for seq in self.seqs.values():
             seq.delta_token_ids, seq.delta_text = [], ""
@@ -220,7 +239,7 @@ class Engine:
         step_cap = budget - len(decoding)
         if self.draft_budget.max_step_tokens is not None:
             step_cap = min(step_cap, self.draft_budget.max_step_tokens)
-        caps = self._draft_caps(decoding, step_cap)
+        decoding, caps = self._draft_caps(decoding, step_cap)
         drafting = self._gate_open(len(decoding))
         if not drafting:
             caps = [0] * len(caps)
@@ -230,6 +249,43 @@ class Engine:
         round_ = self._verify_round(proposals, caps, step_cap)
         lengths = self.policy.choose(round_)
 
+        items, chunks = self._batch(decoding, proposals, lengths, prefilling, budget)
+        if not items:
+            return self._outputs()
+        t_forward = time.perf_counter()
+        result = self.runner.forward(items, self.drafter.target_layer_ids)
+        forward_time = time.perf_counter() - t_forward
+        if self.cost_table is not None and self.config.cost_table_ema > 0:
+            num_tokens = sum(len(item.token_ids) for item in items)
+            self.cost_table.observe(num_tokens, forward_time, self.config.cost_table_ema)
+
+        accepted_total = 0
+        for i, (seq, proposal, n) in enumerate(zip(decoding, proposals, lengths)):
+            accepted = self._isolated(seq, self._accept, seq, proposal, n, result.logits[i], result.hidden[i])
+            if accepted is not None:
+                accepted_total += accepted
+                self.stats.record_round(n, round_.survival[i], accepted)
+        for i, seq in enumerate(chunks, start=len(decoding)):
+            self._isolated(seq, self._prefilled, seq, items[i], result.logits[i], result.hidden[i])
+        if self.draft_gate is not None and decoding:
+            self.draft_gate.record(
+                drafting, len(decoding), accepted_total, sum(lengths), draft_time, self.cost_table
+            )
+            self.stats.gated_rounds += not drafting
+
+        self.stats.record_step(time.perf_counter() - t_start, forward_time, draft_time)
+        return self._outputs()
+
+    def _batch(
+        self,
+        decoding: list[Sequence],
+        proposals: list[DraftProposal],
+        lengths: list[int],
+        prefilling: list[Sequence],
+        budget: int,
+    ) -> tuple[list[ForwardItem], list[Sequence]]:
+        """The forward's items: each decoding request's anchor and verified drafts, then as much prefill
+        as the token budget leaves; returns them with the requests whose prompt chunks were taken."""
         items: list[ForwardItem] = []
         for seq, proposal, n in zip(decoding, proposals, lengths):
             tokens = [seq.output_token_ids[-1], *proposal.token_ids[:n]]
@@ -245,43 +301,16 @@ class Engine:
             items.append(ForwardItem(tokens, seq.num_computed, [], logits_from=n - 1 if done else n))
             chunks.append(seq)
             budget -= n
-        scheduled = decoding + chunks
-        if not items:
-            return []
-        for seq, item in zip(scheduled, items):
+        for seq, item in zip(decoding + chunks, items):
             item.page_table = self.pages.ensure(seq.request_id, item.start + len(item.token_ids))
+        return items, chunks
 
-        t_forward = time.perf_counter()
-        result = self.runner.forward(items, self.drafter.target_layer_ids)
-        forward_time = time.perf_counter() - t_forward
-        if self.cost_table is not None and self.config.cost_table_ema > 0:
-            num_tokens = sum(len(item.token_ids) for item in items)
-            self.cost_table.observe(num_tokens, forward_time, self.config.cost_table_ema)
-
-        accepted_total = 0
-        for i, (seq, proposal, n) in enumerate(zip(decoding, proposals, lengths)):
-            accepted = self._accept(seq, proposal, n, result.logits[i], result.hidden[i])
-            accepted_total += accepted
-            self.stats.record_round(n, round_.survival[i], accepted)
-        for i, seq in enumerate(chunks, start=len(decoding)):
-            self._prefilled(seq, items[i], result.logits[i], result.hidden[i])
-        if self.draft_gate is not None and decoding:
-            self.draft_gate.record(
-                drafting, len(decoding), accepted_total, sum(lengths), draft_time, self.cost_table
-            )
-            self.stats.gated_rounds += not drafting
-
-        changed = [RequestOutput.of(s) for s in scheduled if s.delta_token_ids or s.finished]
-        for seq in scheduled:
-            if seq.finished:
-                self.seqs.pop(seq.request_id, None)
-        elapsed = time.perf_counter() - t_start
-        st = self.stats
-        st.steps += 1
-        st.step_time_s += elapsed
-        st.forward_time_s += forward_time
-        st.draft_time_s += draft_time
-        st.recent_step_ms.append(elapsed * 1e3)
+    def _outputs(self) -> list[RequestOutput]:
+        """The requests that changed this step, in arrival order; finished ones leave the engine."""
+        changed = [RequestOutput.of(s) for s in self.seqs.values() if s.delta_token_ids or s.finished]
+        for out in changed:
+            if out.finished:
+                self.seqs.pop(out.request_id, None)
         return changed
 
     def _gate_open(self, num_decoding: int) -> bool:
@@ -290,15 +319,18 @@ class Engine:
             return True
         return self.draft_gate.should_draft(num_decoding, self.cost_table)
 
-    def _draft_caps(self, decoding: list[Sequence], step_cap: int) -> list[int]:
-        """Drafted tokens each request may have verified this round: gamma, max_tokens, the budget."""
-        caps = []
-        for seq in decoding:
-            # Never draft past max_tokens: a round gains at most l + 1 tokens.
-            cap = min(self.gamma, seq.remaining_tokens - 1, step_cap)
-            limit = self.draft_budget.request_cap(seq.params.sla_class)
-            caps.append(max(0, cap if limit is None else min(cap, limit)))
-        return caps
+    def _draft_caps(self, decoding: list[Sequence], step_cap: int) -> tuple[list[Sequence], list[int]]:
+        """The decoding requests still running, with the drafted tokens each may have verified."""
+        planned = [(seq, self._isolated(seq, self._draft_cap, seq, step_cap)) for seq in decoding]
+        planned = [(seq, cap) for seq, cap in planned if cap is not None]
+        return [seq for seq, _ in planned], [cap for _, cap in planned]
+
+    def _draft_cap(self, seq: Sequence, step_cap: int) -> int:
+        """gamma, cut to max_tokens and to the draft budget."""
+        # Never draft past max_tokens: a round gains at most l + 1 tokens.
+        cap = min(self.gamma, seq.remaining_tokens - 1, step_cap)
+        limit = self.draft_budget.request_cap(seq.params.sla_class)
+        return max(0, cap if limit is None else min(cap, limit))
 
     def _verify_round(self, proposals: list[DraftProposal], caps: list[int], step_cap: int) -> VerifyRound:
         """What the policy sees; the pipelined variant gets survival of round t-2 only (its firewall)."""
@@ -311,8 +343,10 @@ class Engine:
         return round_
 
     def _propose(self, decoding: list[Sequence], caps: list[int]) -> list[DraftProposal]:
+        """Each request's proposal; empty where it may not draft or the drafter failed it."""
         proposals = [DraftProposal([]) for _ in decoding]
-        wanted = [(i, k) for i, k in enumerate(caps) if k > 0]
+        guard = self.draft_guard
+        wanted = [(i, k) for i, k in enumerate(caps) if k > 0 and guard.drafting(decoding[i].request_id)]
         if wanted:
             requests = [
                 DraftRequest(
@@ -324,16 +358,13 @@ class Engine:
                 )
                 for i, k in wanted
             ]
-            for (i, k), proposal in zip(wanted, self.drafter.propose(requests)):
-                if len(proposal.token_ids) > k:
-                    raise RuntimeError(
-                        f"drafter {self.drafter.name} proposed {len(proposal.token_ids)} > {k} tokens"
-                    )
+            for (i, _), proposal in zip(wanted, guard.propose(self.drafter, requests)):
                 proposals[i] = proposal
         return proposals
 
     def _accept(self, seq: Sequence, proposal: DraftProposal, n: int, logits, hidden) -> int:
         """Verify n drafted tokens, commit the accepted ones and emit; returns how many were accepted."""
+        check_logits(logits)
         draft = proposal.token_ids[:n]
         probs = proposal.probs[:n] if proposal.probs is not None else None
         verdict = verify(logits, draft, probs, seq.params, seq.generator)
@@ -341,7 +372,8 @@ class Engine:
         # The anchor and the accepted drafts now have valid K/V; the rejected tail is rolled back.
         seq.num_computed += len(anchor_and_accepted)
         self.pages.truncate(seq.request_id, seq.num_computed)
-        self.drafter.add_context(
+        self.draft_guard.add_context(
+            self.drafter,
             seq.request_id,
             anchor_and_accepted,
             None if hidden is None else hidden[: len(anchor_and_accepted)],
@@ -359,9 +391,10 @@ class Engine:
 
     def _prefilled(self, seq: Sequence, item: ForwardItem, logits, hidden) -> None:
         seq.num_computed += len(item.token_ids)
-        self.drafter.add_context(seq.request_id, item.token_ids, hidden)
+        self.draft_guard.add_context(self.drafter, seq.request_id, item.token_ids, hidden)
         if seq.num_computed < len(seq.prompt_token_ids):
             return
+        check_logits(logits[-1:])
         seq.status = Status.DECODE
         seq.first_token_time = time.monotonic()
         row = logits[-1]
@@ -403,8 +436,37 @@ class Engine:
         seq.status = Status.FINISHED
         seq.finish_reason = reason
         self.pages.release(seq.request_id)
-        self.drafter.release(seq.request_id)
-        if reason != "abort":
+        self.draft_guard.release(self.drafter, seq.request_id)
+        if reason not in ("abort", "error"):
             self.stats.finished_requests += 1
         if reason == "abort":
             self.seqs.pop(seq.request_id, None)
+
+    # ---- failures ---------------------------------------------------------------------------------
+
+    def _isolated(self, seq: Sequence, fn, *args):
+        """fn(*args) as `seq`'s own share of the step: if it raises, `seq` alone fails (returns None)."""
+        try:
+            return fn(*args)
+        except Exception as exc:
+            self._fail(seq, exc)
+            return None
+
+    def _fail(self, seq: Sequence, exc: Exception) -> None:
+        """Stop `seq` with a RequestFailedError for its stream and free its KV pages; count the failure."""
+        seq.error = request_failure(seq.request_id, exc)
+        log.warning("%s", seq.error, exc_info=exc)
+        seq.delta_token_ids, seq.delta_text = [], ""
+        self._finish(seq, "error")
+        self.stats.failed_requests += 1
+        if self._failures.record(self.stats.steps):
+            self.mark_unhealthy(
+                f"{self.config.max_request_failures} requests failed within "
+                f"{self.config.failure_window_steps} steps, the last with: {seq.error}"
+            )
+
+    def mark_unhealthy(self, reason: str) -> None:
+        """Report the engine broken (health checks read `unhealthy`); it takes no new requests."""
+        if self.unhealthy is None:
+            log.error("engine unhealthy: %s", reason)
+            self.unhealthy = reason

@@ -38,3 +38,10 @@ class ModelLoadError(DSparkError):
 
 class EngineDeadError(DSparkError):
     """The engine stopped (shutdown or an internal failure) before the request finished."""
+
+
+class RequestFailedError(DSparkError):
+    """Processing this one request failed inside the engine (HTTP 500, gRPC INTERNAL).
+
+    Only that request was stopped and its KV pages freed; every other request carried on unchanged.
+    """

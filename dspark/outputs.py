@@ -33,8 +33,9 @@ class RequestOutput:
     delta_text: str
     delta_token_ids: list[int]
     finished: bool
-    finish_reason: str | None  # "stop" | "length" | "abort"
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error"
     speculation: SpeculationStats
+    error: Exception | None = None  # a RequestFailedError when finish_reason is "error"
 
     @staticmethod
     def of(seq: Sequence) -> RequestOutput:
@@ -51,4 +52,5 @@ class RequestOutput:
             speculation=SpeculationStats(
                 seq.rounds, seq.verified_draft_tokens, seq.accepted_draft_tokens, seq.mean_accept_length
             ),
+            error=seq.error,
         )

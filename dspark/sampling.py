@@ -11,8 +11,14 @@ from dspark.sampling_params import SamplingParams
 
 
 def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Rows of logits [..., V] to probabilities after temperature, top-k and top-p (temperature > 0)."""
-    logits = logits.float() / params.temperature
+    """Rows of logits [..., V] to probabilities after temperature, top-k and top-p (temperature > 0).
+
+    Finite logits give a proper distribution for every accepted temperature: each row is shifted to a
+    maximum of 0 before scaling (softmax does not change), so no temperature overflows it, and top-k
+    and top-p always keep the row's top token.
+    """
+    logits = logits.float()
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / params.temperature
     vocab = logits.shape[-1]
     if 0 < params.top_k < vocab:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]

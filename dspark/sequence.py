@@ -30,6 +30,7 @@ class Sequence:
     num_computed: int = 0  # tokens whose K/V are committed in the cache
     status: Status = Status.PREFILL
     finish_reason: str | None = None
+    error: Exception | None = None  # why the engine stopped it, when finish_reason is "error"
     text: str = ""
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None

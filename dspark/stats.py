@@ -20,6 +20,8 @@ class EngineStats:
     finished_requests: int = 0
     aborted_requests: int = 0
     gated_rounds: int = 0  # steps whose drafting the draft gate skipped
+    failed_requests: int = 0  # stopped by an error in their own share of a step (request_failure.py)
+    drafter_failures: int = 0  # drafter faults that cost a round of drafting (drafter_guard.py)
     step_time_s: float = 0.0
     forward_time_s: float = 0.0
     draft_time_s: float = 0.0
@@ -30,6 +32,13 @@ class EngineStats:
     verify_lengths: Counter = field(default_factory=Counter)
     predicted_accepted_tokens: float = 0.0
     realised_accepted_tokens: int = 0
+
+    def record_step(self, elapsed_s: float, forward_s: float, draft_s: float) -> None:
+        self.steps += 1
+        self.step_time_s += elapsed_s
+        self.forward_time_s += forward_s
+        self.draft_time_s += draft_s
+        self.recent_step_ms.append(elapsed_s * 1e3)
 
     def record_round(self, verified: int, survival: list[float] | None, accepted: int) -> None:
         """One request's verify round: `verified` drafted tokens checked, `accepted` of them kept."""
@@ -70,6 +79,8 @@ class EngineStats:
             "finished_requests": self.finished_requests,
             "aborted_requests": self.aborted_requests,
             "gated_rounds": self.gated_rounds,
+            "failed_requests": self.failed_requests,
+            "drafter_failures": self.drafter_failures,
             "step_time_s": round(self.step_time_s, 4),
             "forward_time_s": round(self.forward_time_s, 4),
             "draft_time_s": round(self.draft_time_s, 4),

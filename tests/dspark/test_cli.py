@@ -71,4 +71,4 @@ def test_plain_output_and_errors(qwen3_dir):
     )
     assert proc.stdout == again.stdout  # seeded: the same sample twice
     bad = run_cli("--model", str(qwen3_dir), "--prompt", "x", "--temperature", "-1")
-    assert bad.returncode == 2 and "temperature: must be >= 0" in bad.stderr
+    assert bad.returncode == 2 and "temperature: must be in [0, 100]" in bad.stderr

@@ -15,7 +15,14 @@ import grpc
 from ray.exceptions import RayActorError, RayTaskError, TaskCancelledError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
-from dspark.errors import AdmissionError, DSparkError, EngineDeadError, InvalidRequestError, ModelLoadError
+from dspark.errors import (
+    AdmissionError,
+    DSparkError,
+    EngineDeadError,
+    InvalidRequestError,
+    ModelLoadError,
+    RequestFailedError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +110,8 @@ def classify(exc: BaseException) -> ErrorInfo:
         return ErrorInfo(
             503, grpc.StatusCode.UNAVAILABLE, "service_unavailable", str(exc) or type(exc).__name__
         )
+    if isinstance(exc, RequestFailedError):  # the engine stopped this request alone; say why
+        return ErrorInfo(500, grpc.StatusCode.INTERNAL, "internal_error", str(exc))
     if isinstance(exc, TaskCancelledError | asyncio.CancelledError):
         return ErrorInfo(499, grpc.StatusCode.CANCELLED, "cancelled", "request cancelled")
     if isinstance(exc, TimeoutError):

@@ -22,8 +22,9 @@ def check_logits(logits: torch.Tensor) -> None:
 
 
 def request_failure(request_id: str, exc: BaseException) -> RequestFailedError:
-    """The error delivered to a failed request's stream: what went wrong, without the traceback."""
-    cause = str(exc) if isinstance(exc, DSparkError) else f"internal error ({type(exc).__name__}: {exc})"
+    """The error delivered to a failed request's stream. Our own errors say what went wrong; anything
+    else is named by type only (its message may hold internals), the log has the traceback."""
+    cause = str(exc) if isinstance(exc, DSparkError) else f"internal error ({type(exc).__name__})"
     return RequestFailedError(f"request {request_id} failed and was stopped: {cause}")
 
 

@@ -11,7 +11,7 @@ from ray.exceptions import RayTaskError
 from ray.serve.exceptions import BackPressureError
 
 from deployments.errors import DuplicateRequestError, classify
-from dspark.errors import AdmissionError, EngineDeadError, InvalidRequestError
+from dspark.errors import AdmissionError, EngineDeadError, InvalidRequestError, RequestFailedError
 
 
 @pytest.mark.parametrize(
@@ -28,6 +28,7 @@ from dspark.errors import AdmissionError, EngineDeadError, InvalidRequestError
         (EngineDeadError("shut down"), 503, grpc.StatusCode.UNAVAILABLE),
         (asyncio.CancelledError(), 499, grpc.StatusCode.CANCELLED),
         (KeyError("surprise"), 500, grpc.StatusCode.INTERNAL),
+        (RequestFailedError("request r failed and was stopped: ..."), 500, grpc.StatusCode.INTERNAL),
     ],
 )
 def test_classify(exc, status, code):
@@ -54,6 +55,12 @@ def test_errors_from_a_replica_are_unwrapped():
     wrapped = RayTaskError("generate", "traceback", cause)
     info = classify(wrapped)
     assert info.http_status == 400 and info.field == "prompt"
+
+
+def test_a_failed_request_is_told_why():
+    message = "request r failed and was stopped: the target's logits for this request are not finite"
+    info = classify(RequestFailedError(message))
+    assert info.message == message and info.openai_body()["error"]["code"] == "internal"
 
 
 def test_internal_errors_do_not_leak_details():

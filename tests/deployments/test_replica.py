@@ -1,12 +1,14 @@
-"""The target replica class in-process (no Ray): routing stats, admin, health check, graceful shutdown."""
+"""The target replica class in-process (no Ray): routing stats, admin, health check, graceful shutdown,
+and a stalled or broken engine: reported by the health check, answered within deadlines, no threads."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
-from serving import ENGINE
+from serving import ENGINE, wait_until
 
 from deployments.replica import TargetReplica
 from deployments.replica_state import TauWindow
@@ -14,17 +16,49 @@ from dspark.errors import EngineDeadError, InvalidRequestError
 from dspark.sampling_params import SamplingParams
 
 
+def make_replica(model_dir, stuck_after_s: float = 5.0) -> TargetReplica:
+    return TargetReplica.func_or_class(
+        {"model": str(model_dir), "engine": dict(ENGINE), "stuck_after_s": stuck_after_s}
+    )
+
+
 @pytest.fixture
 def replica(qwen3_dir):
-    replica = TargetReplica.func_or_class(
-        {"model": str(qwen3_dir), "engine": dict(ENGINE), "stuck_after_s": 5}
-    )
+    replica = make_replica(qwen3_dir)
     yield replica
     replica.__del__()
 
 
 def prompt_ids(replica) -> list[int]:
     return replica.engine.engine.tokenize("def f(x):")
+
+
+def stall(replica) -> threading.Event:
+    """From now on the engine's next step blocks until the returned event is set."""
+    release = threading.Event()
+    step = replica.engine.engine.step
+
+    def stalled():
+        release.wait()
+        return step()
+
+    replica.engine.engine.step = stalled
+    return release
+
+
+async def stream_in_background(replica, request_id: str) -> asyncio.Task:
+    """Start a greedy request and return once the engine has admitted it (the next step runs it)."""
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+
+    async def consume():
+        return [e async for e in replica.generate(prompt_ids(replica), params, request_id)]
+
+    task = asyncio.get_running_loop().create_task(consume())
+    for _ in range(500):
+        if replica.engine.engine.has_unfinished():
+            return task
+        await asyncio.sleep(0.01)
+    raise AssertionError("the request was never admitted")
 
 
 def test_routing_stats_and_tau_window(replica):
@@ -67,13 +101,77 @@ def test_set_draft_budget_while_serving(replica):
     assert field == "max_request_tokens" and unknown == "tokens_per_moon"
 
 
-def test_health_check_fails_when_the_loop_is_stuck(replica):
+def test_health_check_fails_while_the_loop_is_stuck_and_recovers(qwen3_dir):
+    replica = make_replica(qwen3_dir, stuck_after_s=0.5)
     replica.check_health()
-    engine = replica.engine
-    # A loop that has work but made no progress for longer than stuck_after_s.
-    engine.engine.has_unfinished = lambda: True
-    engine.last_progress = time.monotonic() - 60
-    with pytest.raises(RuntimeError, match="stuck"):
+
+    def health_problem() -> str | None:
+        try:
+            replica.check_health()
+        except RuntimeError as exc:
+            return str(exc)
+        return None
+
+    async def run():
+        release = stall(replica)
+        task = await stream_in_background(replica, "stuck")
+        # A loop with work but no step finished for longer than stuck_after_s.
+        problem = wait_until(health_problem, timeout_s=5.0, interval_s=0.05, what="a failed health check")
+        release.set()
+        return problem, await task
+
+    try:
+        problem, events = asyncio.run(run())
+        assert problem.startswith("replica unhealthy: engine loop stuck: no step finished for")
+        assert sum(len(e.token_ids) for e in events) == 16
+        replica.check_health()
+    finally:
+        replica.__del__()
+
+
+def test_a_stalled_engine_costs_no_threads_and_stats_keep_their_deadline(replica):
+    async def run():
+        good = await replica.record_routing_stats()
+        release = stall(replica)
+        task = await stream_in_background(replica, "stalled")
+        replica.stats_timeout_s = 0.05
+        baseline, peak, readings, slowest = threading.active_count(), 0, [], 0.0
+        for _ in range(60):
+            start = time.monotonic()
+            readings.append(await replica.record_routing_stats())
+            slowest = max(slowest, time.monotonic() - start)
+            peak = max(peak, threading.active_count())
+        queued = replica.engine._inbox.qsize()  # one stats read waits behind the step, not 60
+        release.set()
+        events = await task
+        replica.stats_timeout_s = 5.0
+        return good, baseline, peak, readings, slowest, queued, events, await replica.record_routing_stats()
+
+    good, baseline, peak, readings, slowest, queued, events, after = asyncio.run(run())
+    print(f"threads: baseline {baseline}, peak {peak} over 60 calls; slowest call {slowest * 1e3:.0f} ms")
+    assert peak <= baseline + 2 and queued == 1
+    assert slowest < 1.0  # each call ends at its 0.05 s deadline (generous slack for a busy machine)
+    assert all(r == {**good, "healthy": False} for r in readings)  # the last good reading, marked
+    assert sum(len(e.token_ids) for e in events) == 16 and events[-1].finish_reason == "length"
+    assert after["healthy"] and after["finished_requests"] == 1
+
+
+def test_a_step_that_fails_for_no_one_request_makes_the_replica_unhealthy(replica):
+    def device_lost(items, tap_layers=()):
+        raise RuntimeError("device lost")
+
+    replica.engine.engine.runner.forward = device_lost
+
+    async def run():
+        params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+        with pytest.raises(EngineDeadError, match="engine step failed: RuntimeError\\('device lost'\\)"):
+            async for _ in replica.generate(prompt_ids(replica), params, "r1"):
+                pass
+        return await replica.record_routing_stats()
+
+    stats = asyncio.run(run())
+    assert not stats["healthy"]
+    with pytest.raises(RuntimeError, match="replica unhealthy: engine step failed: RuntimeError"):
         replica.check_health()
 
 
@@ -88,7 +186,7 @@ def test_shutdown_fails_in_flight_requests_explicitly(replica):
                 pass
 
     asyncio.run(run())
-    with pytest.raises(RuntimeError, match="dead or stuck"):
+    with pytest.raises(RuntimeError, match="replica unhealthy: engine loop dead: shut down"):
         replica.check_health()
 
 

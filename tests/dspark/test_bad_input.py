@@ -28,6 +28,16 @@ def engine(qwen3_dir):
         ({"max_tokens": 2.5}, "max_tokens"),
         ({"stop": [""]}, "stop"),
         ({"seed": "x"}, "seed"),
+        # Numerically unsafe values: refused at the door, never sampled with.
+        ({"temperature": float("inf")}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"temperature": 1e308}, "temperature"),
+        ({"temperature": 10**400}, "temperature"),
+        ({"top_p": float("nan")}, "top_p"),
+        ({"top_p": float("inf")}, "top_p"),
+        ({"seed": 2**63}, "seed"),
+        ({"seed": -(2**63) - 1}, "seed"),
+        ({"sla_class": ["gold"]}, "sla_class"),
     ],
 )
 def test_sampling_params_name_the_field(kwargs, field):
@@ -35,6 +45,12 @@ def test_sampling_params_name_the_field(kwargs, field):
         SamplingParams(**kwargs)
     assert err.value.field == field
     assert field in str(err.value)
+
+
+def test_sampling_params_at_the_edges_of_their_ranges_are_accepted():
+    assert SamplingParams(seed=2**63 - 1).seed == 2**63 - 1 and SamplingParams(seed=-(2**63)).seed == -(2**63)
+    assert not SamplingParams(temperature=100.0).greedy
+    assert SamplingParams(temperature=1e-40).greedy and not SamplingParams(temperature=1e-5).greedy
 
 
 def test_empty_prompt(engine):

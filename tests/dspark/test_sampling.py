@@ -57,3 +57,35 @@ def test_sample_rows_draws_from_each_rows_own_distribution():
     a, _ = sample_rows(logits[:1], params[:1], [torch.Generator().manual_seed(9)])
     b, _ = sample_rows(logits[:1], params[:1], [torch.Generator().manual_seed(9)])
     assert torch.equal(a, b)
+
+
+def test_every_accepted_parameter_gives_a_proper_distribution():
+    """Extreme but valid settings on extreme logits: finite, non-negative, sums to 1, never empty."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.cat([torch.randn(3, 64, generator=gen) * 3e4, torch.full((1, 64), -3e38)])
+    logits[0, :32] = float("-inf")  # masked tokens are fine as long as one is not
+    for params in [
+        SamplingParams(temperature=1e-5),
+        SamplingParams(temperature=100.0),
+        SamplingParams(temperature=1e-5, top_p=1e-9),
+        SamplingParams(temperature=100.0, top_k=1),
+        SamplingParams(temperature=0.7, top_p=0.5, top_k=3),
+    ]:
+        p = probs_from_logits(logits, params)
+        assert bool(torch.isfinite(p).all()) and bool((p >= 0).all()), params
+        torch.testing.assert_close(p.sum(-1), torch.ones(4))
+        assert p[0, :32].sum() == 0  # -inf stays impossible
+
+
+def test_logits_check_refuses_nan_and_inf_but_not_masked_tokens():
+    import pytest
+
+    from dspark.errors import RequestFailedError
+    from dspark.request_failure import check_logits
+
+    check_logits(torch.tensor([[0.0, float("-inf")], [1.0, 2.0]]))
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(RequestFailedError, match="not finite"):
+            check_logits(torch.tensor([[0.0, 1.0], [bad, 2.0]]))
+    with pytest.raises(RequestFailedError):
+        check_logits(torch.full((1, 3), float("-inf")))

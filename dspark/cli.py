@@ -28,6 +28,8 @@ def _generate(args: argparse.Namespace) -> int:
         options["drafter_model"] = args.drafter_model
     llm = LLM(args.model, **options)
     out = llm.generate([args.prompt], params)[0]
+    if out.error is not None:  # the engine stopped it: say why rather than print a partial text
+        raise out.error
     if args.json:
         stats = llm.engine.stats.to_dict()
         stats.update(out.speculation.to_dict())

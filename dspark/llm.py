@@ -23,7 +23,10 @@ class LLM:
         params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
-        """Generate for every prompt; requests join as KV space frees up and results keep input order."""
+        """Generate for every prompt; requests join as KV space frees up and results keep input order.
+
+        A request the engine had to stop comes back with finish_reason "error" and its `error`; the
+        others are unaffected."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params_list = list(params) if isinstance(params, Seq) else [params or SamplingParams()] * len(prompts)

@@ -5,6 +5,14 @@ context a DSpark drafter fuses), then, each round, the anchor and how many slots
 Out: the proposed tokens, the draft distribution q of every slot (exactly what verification must
 use) and a per-slot confidence that the token survives given its prefix did (what the scheduler
 ranks by).
+
+Dtype and device: a drafter is created with the engine's `dtype` and `device` and computes there;
+its weights are cast and moved at load, its caches and index tensors live on that device (the
+hidden states it receives are already there, in that dtype). What it hands back crosses to the
+engine's side, which verifies on the CPU in fp32 (the runner returns the target's logits so): every
+tensor of a DraftProposal is fp32 on the CPU. q must be the very distribution the token was drawn
+from, so drafters sample in fp32 from fp32 logits (`dspark.sampling.sample_rows`) whatever their
+weights' dtype, and move q to the CPU unchanged.
 """
 
 from __future__ import annotations
@@ -31,12 +39,13 @@ class DraftRequest:
 @dataclass
 class DraftProposal:
     token_ids: list[int]
-    # [len(token_ids), V], shaped by the request's temperature/top-k/top-p; None means deterministic
-    # (a one-hot q), as for n-gram lookup.
+    # [len(token_ids), V] fp32 on the CPU, shaped by the request's temperature/top-k/top-p; None means
+    # deterministic (a one-hot q), as for n-gram lookup, or a greedy request (q is then not needed).
     probs: torch.Tensor | None = None
-    # [len(token_ids)] estimate of P(slot accepted | previous slots accepted); None when unknown.
+    # [len(token_ids)] fp32 on the CPU: estimate of P(slot accepted | previous slots accepted); None
+    # when unknown.
     confidence: torch.Tensor | None = None
-    # The confidence head's raw logits before calibration, for fitting and monitoring calibration.
+    # The confidence head's raw logits before calibration (fp32, CPU), for fitting and monitoring it.
     confidence_logits: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
@@ -98,6 +107,10 @@ def available_drafters() -> list[str]:
 
 
 def create_drafter(name: str, **kwargs) -> Drafter:
+    """Instantiate drafter `name` with the engine's keywords: `target` (the CausalLM whose embeddings
+    and LM head a learned drafter shares), `num_speculative_tokens`, `path`, `target_path`, `dtype`
+    (a torch.dtype) and `device`, plus the config's drafter_options. A drafter with no tensors of its
+    own (none, ngram) ignores dtype and device; a learned one runs in exactly those."""
     import importlib
 
     _load_plugins()

@@ -76,6 +76,8 @@ class Engine:
             target=self.model,
             path=config.drafter_model,
             target_path=config.model,
+            dtype=config.torch_dtype,
+            device=config.device,
             **config.drafter_options,
         )
         self.gamma = window_limit(

@@ -48,22 +48,24 @@ def sample_rows(
 ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
     """One token per row, each request with its own params and generator, batched where params agree.
 
-    Returns the tokens [R] and, per row, the distribution it was drawn from (None for greedy rows):
-    a drafter must hand verification exactly that q. Sampling is by inverse CDF with one uniform
-    drawn from the request's own generator, so a seeded request stays reproducible.
+    Returns the tokens [R] and, per row, the distribution it was drawn from (None for greedy rows),
+    both on the logits' device; q is fp32 whatever the logits' dtype: a drafter must hand
+    verification exactly that q. Sampling is by inverse CDF with one uniform drawn from the request's
+    own (CPU) generator, so a seeded request stays reproducible on any device.
     """
-    tokens = torch.empty(len(params), dtype=torch.long)
+    device = logits.device
+    tokens = torch.empty(len(params), dtype=torch.long, device=device)
     rows: list[torch.Tensor | None] = [None] * len(params)
     groups: dict[SamplingParams, list[int]] = {}
     for i, p in enumerate(params):
         groups.setdefault(p, []).append(i)
     for p, idx in groups.items():
-        index = torch.tensor(idx)
+        index = torch.tensor(idx, device=device)
         if p.greedy:
             tokens[index] = torch.argmax(logits[index], dim=-1)
             continue
         q = probs_from_logits(logits[index], p)
-        u = torch.cat([torch.rand(1, generator=generators[i]) for i in idx])
+        u = torch.cat([torch.rand(1, generator=generators[i]) for i in idx]).to(device)
         cdf = q.cumsum(dim=-1)
         # Clamp the last bucket: rounding can leave cdf[-1] a hair under u.
         drawn = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(1).clamp(max=q.shape[-1] - 1)

@@ -29,6 +29,15 @@ class ARDrafter(nn.Module):
         self.norm = RMSNorm(d, cfg.rms_norm_eps)
         self.__dict__["shared"] = (embed, lm_head)  # the target's, frozen, not in the state dict
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The weights' dtype: what serving computes in (training keeps fp32 masters under autocast)."""
+        return self.fc.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
     def target_features(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.fc(hidden)
 
@@ -38,12 +47,12 @@ class ARDrafter(nn.Module):
         return torch.cat([self.embed_norm(embed(next_tokens)), self.feature_norm(features)], -1), features
 
     def entry_kv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, self.dtype)
         return self.layer.keys_values(x, cos, sin)
 
     def step(self, x, residual, positions, extra_k, extra_v, mask) -> torch.Tensor:
         """Outputs h [B, Q, d] (pre-norm: the feature of the next chain step)."""
-        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, self.dtype)
         return self.layer(x, residual, cos, sin, extra_k, extra_v, mask)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

@@ -40,6 +40,15 @@ class BlockDrafter(nn.Module):
         # The target's embeddings and LM head, shared and frozen: kept out of parameters and state dict.
         self.__dict__["shared"] = (embed, lm_head)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The weights' dtype: what serving computes in (training keeps fp32 masters under autocast)."""
+        return self.fc.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
     # ---- pieces used by both training and serving --------------------------------------------------
 
     def context_features(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -50,7 +59,7 @@ class BlockDrafter(nn.Module):
         self, features: torch.Tensor, positions: torch.Tensor
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per draft layer, K/V of context features [B, N, d] at positions [B, N]: what serving caches."""
-        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, self.dtype)
         return [layer.keys_values(features, cos, sin) for layer in self.layers]
 
     def run_block(
@@ -63,7 +72,7 @@ class BlockDrafter(nn.Module):
         """Hidden states h of the block slots [B, Q, d], final norm applied."""
         embed, _ = self.shared
         h = embed(tokens)
-        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, self.dtype)
         for norm, layer, (k, v) in zip(self.input_layernorms, self.layers, context):
             h = layer(norm(h), h, cos, sin, k, v, mask)
         return self.norm(h)

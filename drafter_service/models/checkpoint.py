@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -31,7 +32,15 @@ def save_drafter(model: nn.Module, directory: str | Path) -> None:
     model.cfg.save(directory)
 
 
-def load_drafter(directory: str | Path, embed: nn.Embedding, lm_head: nn.Linear) -> nn.Module:
+def load_drafter(
+    directory: str | Path,
+    embed: nn.Embedding,
+    lm_head: nn.Linear,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> nn.Module:
+    """Load a drafter beside its target, its weights cast to `dtype` on `device` (default: those of
+    the target's embeddings, which the drafter shares and must compute with)."""
     directory = Path(directory)
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(f"drafter directory {str(directory)!r} has no config.json")
@@ -46,6 +55,12 @@ def load_drafter(directory: str | Path, embed: nn.Embedding, lm_head: nn.Linear)
             f"drafter {directory} was trained for vocab {cfg.vocab_size} / hidden {cfg.hidden_size}, "
             f"the target has {embed.num_embeddings} / {embed.embedding_dim}"
         )
-    model = build_drafter(cfg, embed, lm_head)
-    model.load_state_dict(load_file(str(weights)), strict=True)
+    dtype = dtype or embed.weight.dtype
+    device = torch.device(device) if device is not None else embed.weight.device
+    # Built without storage, then given the checkpoint's tensors already cast and placed: no fp32
+    # copy on the device, nothing left behind on the CPU.
+    with torch.device("meta"):
+        model = build_drafter(cfg, embed, lm_head)
+    state = {k: t.to(device=device, dtype=dtype) for k, t in load_file(str(weights)).items()}
+    model.load_state_dict(state, strict=True, assign=True)
     return model.eval()

@@ -14,14 +14,20 @@ from drafter_service.models.config import DrafterConfig
 from dspark.model import RMSNorm, apply_rotary
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin for any-shaped integer positions, shaped [..., head_dim]."""
+def rope_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin for any-shaped integer positions, shaped [..., head_dim], on the positions' device.
+
+    Computed in fp32 (angles of far positions lose their low bits in bf16) and only then cast to the
+    model's dtype, as the target does, so rotated q/k keep the dtype the attention runs in.
+    """
     inv_freq = 1.0 / (
         theta ** (torch.arange(0, head_dim, 2, dtype=torch.float, device=positions.device) / head_dim)
     )
     freqs = positions[..., None].float() * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin()
+    return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

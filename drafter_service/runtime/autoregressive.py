@@ -3,6 +3,9 @@
 Per request it keeps the fused target features of committed positions and the K/V of every committed
 entry; each round it runs `num_slots` chain steps for all requests together, one token per step,
 each step's q shaped like the target's p.
+
+It runs in the engine's dtype on its device: weights, cached features and K/V and every index tensor
+live there; logits and q are fp32, and proposals reach the engine on the CPU (dspark/drafter.py).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import torch
 
 from drafter_service.models.layers import pad_rows
 from drafter_service.models.paths import open_drafter
+from drafter_service.runtime.host import to_host
 from dspark.drafter import DraftProposal, DraftRequest
 from dspark.sampling import sample_rows
 
@@ -23,9 +27,12 @@ class ARDraftRuntime:
         path: str | None = None,
         target_path: str | None = None,
         name: str = "eagle3",
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
         **_: object,
     ) -> None:
-        self.model = open_drafter(name, path, target_path, target)
+        self.model = open_drafter(name, path, target_path, target, dtype, device)
+        self.device = self.model.device
         cfg = self.model.cfg
         self.name = cfg.architecture
         self.target_layer_ids = tuple(cfg.target_layer_ids)
@@ -55,8 +62,9 @@ class ARDraftRuntime:
         )
         start, end = len(kv[0]), len(feats)
         if start < end:
-            x, _ = self.model.entry(torch.tensor(r.token_ids[start + 1 : end + 1]), feats[start:end])
-            k, v = self.model.entry_kv(x[None], torch.arange(start, end)[None])
+            next_tokens = torch.tensor(r.token_ids[start + 1 : end + 1], device=self.device)
+            x, _ = self.model.entry(next_tokens, feats[start:end])
+            k, v = self.model.entry_kv(x[None], torch.arange(start, end, device=self.device)[None])
             kv[0], kv[1] = torch.cat([kv[0], k[0]]), torch.cat([kv[1], v[0]])
 
     @torch.inference_mode()
@@ -66,20 +74,21 @@ class ARDraftRuntime:
             if len(self._features_of(r.seq_id)) != len(r.token_ids) - 1:
                 raise RuntimeError(f"drafter context of {r.seq_id} is out of step with the engine")
             self._extend_cache(r)
-        num = len(requests)
-        s = torch.tensor([len(r.token_ids) - 1 for r in requests])  # anchor positions
+        num, dev = len(requests), self.device
+        s = torch.tensor([len(r.token_ids) - 1 for r in requests], device=dev)  # anchor positions
         # The chain starts from the last committed entry (s - 1), whose output predicts x_{s+1}.
         extra_k = pad_rows([self._kv[r.seq_id][0][:-1] for r in requests], int(s.max()) - 1)
         extra_v = pad_rows([self._kv[r.seq_id][1][:-1] for r in requests], int(s.max()) - 1)
-        valid = torch.arange(extra_k.shape[1])[None, :] < (s - 1)[:, None]
+        valid = torch.arange(extra_k.shape[1], device=dev)[None, :] < (s - 1)[:, None]
+        column = torch.ones(num, 1, dtype=torch.bool, device=dev)
         last = torch.stack([self._features[r.seq_id][-1] for r in requests])
-        x, residual = model.entry(torch.tensor([r.token_ids[-1] for r in requests]), last)
+        x, residual = model.entry(torch.tensor([r.token_ids[-1] for r in requests], device=dev), last)
         x, residual, positions = x[:, None], residual[:, None], (s - 1)[:, None]
         steps = max(r.num_slots for r in requests)
-        tokens = [[] for _ in requests]
+        drawn_steps = []  # per step, [R] tokens on the device (finished chains repeat their argmax)
         rows = [[] for _ in requests]
         for i in range(steps):
-            mask = torch.cat([valid, torch.ones(num, 1, dtype=torch.bool)], -1)[:, None]
+            mask = torch.cat([valid, column], -1)[:, None]
             h = model.step(x, residual, positions, extra_k, extra_v, mask)
             logits = model.logits(h)[:, 0]
             # Requests whose chain is complete keep stepping (batched) but draw nothing more.
@@ -89,8 +98,8 @@ class ARDraftRuntime:
             )
             nxt = torch.argmax(logits, dim=-1)
             nxt[active] = drawn
-            for j, t, q_row in zip(active, drawn.tolist(), q):
-                tokens[j].append(t)
+            drawn_steps.append(nxt)
+            for j, q_row in zip(active, q):
                 if q_row is not None:
                     rows[j].append(q_row)
             if i + 1 == steps:
@@ -98,10 +107,16 @@ class ARDraftRuntime:
             # This step's entry joins the keys; the next entry pairs its output h with the drafted token.
             k, v = model.entry_kv(x, positions)
             extra_k, extra_v = torch.cat([extra_k, k], 1), torch.cat([extra_v, v], 1)
-            valid = torch.cat([valid, torch.ones(num, 1, dtype=torch.bool)], -1)
+            valid = torch.cat([valid, column], -1)
             x, residual = model.entry(nxt[:, None], h)
             positions = positions + 1
-        return [DraftProposal(t, probs=torch.stack(q) if q else None) for t, q in zip(tokens, rows)]
+        # One device-to-host copy each for the round's tokens and its q rows.
+        token_lists = torch.stack(drawn_steps, 1).tolist()
+        sampled = [j for j, q in enumerate(rows) if q]
+        q_of = dict(zip(sampled, to_host([torch.stack(rows[j]) for j in sampled])))
+        return [
+            DraftProposal(token_lists[j][: r.num_slots], probs=q_of.get(j)) for j, r in enumerate(requests)
+        ]
 
     def release(self, seq_id: str) -> None:
         self._features.pop(seq_id, None)

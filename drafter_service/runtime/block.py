@@ -3,6 +3,9 @@
 Per request it caches the draft layers' K/V of the context features of every committed position; each
 round it runs one block pass for all requests together, then walks the Markov head left to right,
 sampling each slot from q_k = softmax((U_k + B(x_{k-1})) / T) shaped like the target's p.
+
+It runs in the engine's dtype on its device: weights, cached K/V and every index tensor live there;
+logits, q and confidences are fp32, and proposals reach the engine on the CPU (dspark/drafter.py).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import torch
 
 from drafter_service.models.layers import pad_rows
 from drafter_service.models.paths import open_drafter
+from drafter_service.runtime.host import to_host
 from dspark.drafter import DraftProposal, DraftRequest
 from dspark.sampling import sample_rows
 
@@ -23,9 +27,12 @@ class BlockDraftRuntime:
         path: str | None = None,
         target_path: str | None = None,
         name: str = "dspark",
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
         **_: object,
     ) -> None:
-        self.model = open_drafter(name, path, target_path, target)
+        self.model = open_drafter(name, path, target_path, target, dtype, device)
+        self.device = self.model.device
         cfg = self.model.cfg
         self.name = cfg.architecture
         self.target_layer_ids = tuple(cfg.target_layer_ids)
@@ -33,7 +40,10 @@ class BlockDraftRuntime:
         # DFlash has no confidence head: the load-aware scheduler then need not profile for it.
         self.reports_confidence = cfg.use_confidence_head
         self.max_draft_tokens = min(cfg.block_size, num_speculative_tokens)
-        self.calibration = {float(t): torch.tensor(v) for t, v in cfg.calibration_temperatures.items()}
+        self.calibration = {
+            float(t): torch.tensor(v, dtype=torch.float32, device=self.device)
+            for t, v in cfg.calibration_temperatures.items()
+        }
         self._ctx: dict[str, list[list[torch.Tensor]]] = {}  # seq -> [per layer [k, v]]
         self._len: dict[str, int] = {}
         self._pending: dict[str, list[torch.Tensor]] = {}  # hidden states not yet in the K/V cache
@@ -50,7 +60,10 @@ class BlockDraftRuntime:
         if not todo:
             return
         rows = [torch.cat(self._pending.pop(s)) for s in todo]
-        positions = torch.cat([torch.arange(self._len[s] - len(r), self._len[s]) for s, r in zip(todo, rows)])
+        positions = torch.tensor(
+            [p for s, r in zip(todo, rows) for p in range(self._len[s] - len(r), self._len[s])],
+            device=self.device,
+        )
         kv = self.model.context_kv(self.model.context_features(torch.cat(rows)[None]), positions[None])
         offset = 0
         for s, r in zip(todo, rows):
@@ -80,13 +93,19 @@ class BlockDraftRuntime:
             ks = [self._ctx[r.seq_id][layer][0] for r in requests]
             vs = [self._ctx[r.seq_id][layer][1] for r in requests]
             context.append((pad_rows(ks, k_max), pad_rows(vs, k_max)))
-        anchors = torch.tensor([r.token_ids[-1] for r in requests])
-        tokens = torch.full((num, gamma), model.cfg.mask_token_id, dtype=torch.long)
+        dev = self.device
+        anchors = torch.tensor([r.token_ids[-1] for r in requests], device=dev)
+        tokens = torch.full((num, gamma), model.cfg.mask_token_id, dtype=torch.long, device=dev)
         tokens[:, 0] = anchors
-        positions = torch.tensor(lengths)[:, None] + torch.arange(gamma)[None]
-        visible_ctx = torch.arange(k_max)[None, None, :] < torch.tensor(lengths)[:, None, None]
+        starts = torch.tensor(lengths, device=dev)
+        positions = starts[:, None] + torch.arange(gamma, device=dev)[None]
+        visible_ctx = torch.arange(k_max, device=dev)[None, None, :] < starts[:, None, None]
         mask = torch.cat(
-            [visible_ctx.expand(num, gamma, k_max), torch.ones(num, gamma, gamma, dtype=torch.bool)], -1
+            [
+                visible_ctx.expand(num, gamma, k_max),
+                torch.ones(num, gamma, gamma, dtype=torch.bool, device=dev),
+            ],
+            -1,
         )
         h = model.run_block(tokens, positions, context, mask)
         base = model.base_logits(h)  # [R, gamma, V]
@@ -113,28 +132,30 @@ class BlockDraftRuntime:
             prev[active] = drawn
             tokens.append(prev)
             rows.append(dict(zip(active, q)))
-        proposals = []
-        for i, r in enumerate(requests):
-            n = r.num_slots
-            q_rows = [rows[k][i] for k in range(n)]
-            raw = confidence = None
-            if conf:
-                raw = torch.stack([c[i] for c in conf[:n]])
-                confidence = torch.sigmoid(raw / self.sts_temperatures(r.params.temperature)[:n])
-            proposals.append(
-                DraftProposal(
-                    [int(tokens[k][i]) for k in range(n)],
-                    probs=None if r.params.greedy else torch.stack(q_rows),
-                    confidence=confidence,
-                    confidence_logits=raw,
-                )
+        # One device-to-host copy each for tokens, q rows and confidences of the whole round.
+        token_lists = torch.stack(tokens, 1).tolist()
+        sampled = [i for i, r in enumerate(requests) if not r.params.greedy]
+        probs = to_host([torch.stack([rows[k][i] for k in range(requests[i].num_slots)]) for i in sampled])
+        q_of = dict(zip(sampled, probs))
+        raws = confidences = [None] * len(requests)
+        if conf:
+            raw = torch.stack(conf, 1)  # [R, steps] fp32
+            temps = torch.stack([self.sts_temperatures(r.params.temperature)[:steps] for r in requests])
+            raws, confidences = to_host([raw, torch.sigmoid(raw / temps)])
+        return [
+            DraftProposal(
+                token_lists[i][: r.num_slots],
+                probs=q_of.get(i),
+                confidence=None if confidences[i] is None else confidences[i][: r.num_slots],
+                confidence_logits=None if raws[i] is None else raws[i][: r.num_slots],
             )
-        return proposals
+            for i, r in enumerate(requests)
+        ]
 
     def sts_temperatures(self, sampling_temperature: float) -> torch.Tensor:
         """The STS temperatures fitted at the serving temperature nearest this request's (ones if none)."""
         if not self.calibration:
-            return torch.ones(self.block_size)
+            return torch.ones(self.block_size, device=self.device)
         nearest = min(self.calibration, key=lambda t: abs(t - sampling_temperature))
         return self.calibration[nearest]
 

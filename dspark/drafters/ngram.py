@@ -2,6 +2,8 @@
 
 Find the most recent earlier occurrence of the last n tokens (n from max down to min) in the request's
 own tokens and propose what followed it. Deterministic, so q is one-hot and verification stays exact.
+It has no weights and no tensors on the engine's device: the lookup runs on the token ids (a short
+CPU search), so the engine's dtype and device change nothing here.
 """
 
 from __future__ import annotations

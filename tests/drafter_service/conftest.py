@@ -1,9 +1,13 @@
-"""Shared fixtures: a small tokenizer trained on a slice of the real corpus, built once per session."""
+"""Shared fixtures: a small tokenizer trained on a slice of the real corpus, and the tiny drafter stack."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
+from drafter_fixtures import tiny_configs, train_tiny_stack
 from transformers import PreTrainedTokenizerFast
 
 from drafter_service.demo import corpus
@@ -27,3 +31,13 @@ def small_texts() -> list[str]:
 @pytest.fixture(scope="session")
 def small_tokenizer(small_texts: list[str]) -> PreTrainedTokenizerFast:
     return train_tokenizer(small_texts, vocab_size=512)
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory, qwen3_dir, tokenizer) -> Path:
+    """The tiny random target with every learned drafter trained on its own text (a few seconds)."""
+    target = tmp_path_factory.mktemp("stack") / "target"
+    shutil.copytree(qwen3_dir, target)
+    configs = tiny_configs(len(tokenizer), 64, tokenizer.convert_tokens_to_ids("<|mask|>"))
+    train_tiny_stack(target, configs, len(tokenizer), tokenizer.eos_token_id)
+    return target

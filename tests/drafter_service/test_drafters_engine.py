@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
-from drafter_fixtures import DRAFTERS, tiny_configs, train_tiny_stack
+from drafter_fixtures import DRAFTERS
 
 from dspark import LLM, ModelLoadError, SamplingParams
 
 PROMPTS = ["def parse(text):\n    return", "import os\n", "The value of", "x = 1"]
 GREEDY = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory, qwen3_dir, tokenizer):
-    target = tmp_path_factory.mktemp("stack") / "target"
-    shutil.copytree(qwen3_dir, target)
-    configs = tiny_configs(len(tokenizer), 64, tokenizer.convert_tokens_to_ids("<|mask|>"))
-    train_tiny_stack(target, configs, len(tokenizer), tokenizer.eos_token_id)
-    return target
 
 
 @pytest.mark.parametrize("drafter", DRAFTERS)

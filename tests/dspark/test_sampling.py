@@ -89,3 +89,21 @@ def test_logits_check_refuses_nan_and_inf_but_not_masked_tokens():
             check_logits(torch.tensor([[0.0, 1.0], [bad, 2.0]]))
     with pytest.raises(RequestFailedError):
         check_logits(torch.full((1, 3), float("-inf")))
+
+
+def test_sample_rows_gives_fp32_q_of_half_precision_logits():
+    """A bf16 drafter's logits: q is exactly the fp32 softmax of those (rounded) logits, and the token
+    drawn from it is the one an fp32 drafter with the same logits draws (the same uniform)."""
+    from dspark.sampling import sample_rows
+
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    params = [SamplingParams(temperature=0.7, top_p=0.9)] * 2 + [SamplingParams(temperature=0)]
+    tokens, rows = sample_rows(logits, params, [torch.Generator().manual_seed(i) for i in range(3)])
+    widened, wide_rows = sample_rows(
+        logits.float(), params, [torch.Generator().manual_seed(i) for i in range(3)]
+    )
+    for r in range(2):
+        assert rows[r].dtype == torch.float32
+        assert torch.equal(rows[r], probs_from_logits(logits[r].float(), params[r]))
+        assert torch.equal(rows[r], wide_rows[r])
+    assert torch.equal(tokens, widened) and tokens[2] == logits[2].float().argmax()

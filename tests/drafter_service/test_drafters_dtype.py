@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from drafter_fixtures import DRAFTERS
-from greedy_match import PlainTarget, check, divergences
+from greedy_match import Divergence, PlainTarget, check, divergences
 
 from dspark import LLM, ModelLoadError, SamplingParams
 from dspark.drafter import create_drafter
@@ -20,6 +20,12 @@ from dspark.drafter import create_drafter
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 NUM_PROMPTS = 8
 OPTIONS = dict(dtype="bfloat16", num_kv_pages=128, cost_table_profile="coarse")
+FP32 = {**OPTIONS, "dtype": "float32"}
+
+
+def acceptance(llm: LLM) -> float:
+    stats = llm.engine.stats
+    return stats.accepted_tokens / max(1, stats.drafted_tokens)
 
 
 def random_prompts(vocab: int) -> list[list[int]]:
@@ -36,18 +42,28 @@ def bf16_reference(stack, tokenizer):
     return prompts, expected, PlainTarget(str(stack), torch.bfloat16, "cpu")
 
 
-@pytest.mark.parametrize("drafter", [*DRAFTERS, "ngram"])
-def test_bf16_greedy_matches_the_bf16_target_up_to_near_ties(stack, bf16_reference, drafter):
+# A fixed verify length makes every round draft and verify 4 tokens, so acceptance compares across
+# dtypes; DSpark also runs under its own scheduler, which ranks by its bf16 drafter's confidences.
+CASES = [(drafter, "fixed") for drafter in (*DRAFTERS, "ngram")] + [("dspark", "dspark")]
+
+
+@pytest.mark.parametrize(("drafter", "scheduler"), CASES)
+def test_bf16_greedy_matches_the_bf16_target_up_to_near_ties(stack, bf16_reference, drafter, scheduler):
     prompts, expected, plain = bf16_reference
-    llm = LLM(str(stack), drafter=drafter, num_speculative_tokens=4, max_num_seqs=4, **OPTIONS)
+    options = dict(drafter=drafter, scheduler=scheduler, num_speculative_tokens=4, max_num_seqs=4)
+    llm = LLM(str(stack), **options, **OPTIONS)
     got = [o.token_ids for o in llm.generate(prompts, GREEDY)]
     found = divergences(plain, prompts, expected, got)
     assert (problem := check(found, len(prompts), max_diverging=NUM_PROMPTS // 4)) is None, problem
-    stats = llm.engine.stats
-    assert stats.drafted_tokens > 0 and stats.accepted_tokens > 0  # speculation really ran in bf16
+    assert llm.engine.stats.drafted_tokens > 0
     if drafter != "ngram":
         weights = list(llm.engine.drafter.model.parameters())
         assert weights and all(w.dtype == torch.bfloat16 for w in weights)
+    if scheduler == "fixed":
+        # The drafter drafts in bf16 about as well as in fp32 (a misplaced cache or position would not).
+        full = LLM(str(stack), **options, **FP32)
+        full.generate(prompts, GREEDY)
+        assert abs(acceptance(llm) - acceptance(full)) <= 0.05, (acceptance(llm), acceptance(full))
 
 
 @pytest.mark.parametrize("drafter", DRAFTERS)
@@ -81,3 +97,23 @@ def test_a_drafter_placed_apart_from_its_target_is_refused(stack):
         create_drafter("eagle3", dtype=torch.bfloat16, device="cuda", **common)
     drafter = create_drafter("dflash", dtype=torch.bfloat16, device="cpu", **common)
     assert {w.dtype for w in drafter.model.parameters()} == {torch.bfloat16}
+
+
+def test_the_near_tie_rule_refuses_what_is_no_near_tie(bf16_reference):
+    """The rule can fail: a token that is not the runner-up, or a runner-up behind a clear gap."""
+    prompts, expected, plain = bf16_reference
+    prompt, want = prompts[0], expected[0]
+    gaps = []
+    for pos in range(len(want)):
+        top = torch.topk(plain.last_logits(prompt + want[:pos]), 3)
+        gaps.append((float(top.values[0] - top.values[1]), pos, top.indices.tolist()))
+    gap, pos, (_, second, third) = max(gaps)
+    assert gap > 0.5  # a clear winner exists somewhere in the continuation
+    for wrong in (second, third):
+        got = want[:pos] + [wrong]
+        found = divergences(plain, [prompt], [want], [got])
+        assert len(found) == 1 and found[0].position == pos and not found[0].near_tie
+        assert "no near-tie" in check(found, 1, max_diverging=1)
+    # And many near-ties at once are too many.
+    ties = [Divergence(i, 3, 1, 2, 0.0, 0.1, (2, 1)) for i in range(3)]
+    assert "3 of 8 prompts diverge" in check(ties, 8, max_diverging=2)

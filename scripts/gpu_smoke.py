@@ -31,6 +31,7 @@ import torch  # noqa: E402
 
 from dspark import LLM, EngineConfig, SamplingParams, tp  # noqa: E402
 from dspark.config import DTYPES  # noqa: E402
+from dspark.engine import Engine  # noqa: E402
 
 LEARNED = ("dspark", "dflash", "eagle3", "mtp1")
 DRAFTERS = (*LEARNED, "ngram")
@@ -134,6 +135,17 @@ def greedy_check(target: Path, device: str, dtype: str, drafter: str, reference:
     return reference.judge(name, got, f"; accepted {stats.accepted_tokens}/{stats.drafted_tokens} drafted")
 
 
+def run_engine(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
+    """Greedy outputs of an engine driven directly (rank 0 of a TP group is an Engine, not an LLM)."""
+    waiting, ids, done = list(enumerate(prompts)), {}, {}
+    while waiting or engine.has_unfinished():
+        while waiting and len(engine.seqs) < engine.config.max_num_seqs:
+            i, prompt = waiting.pop(0)
+            ids[engine.add_request(prompt, GREEDY)] = i
+        done.update({ids[o.request_id]: o.token_ids for o in engine.step() if o.finished})
+    return [done[i] for i in range(len(prompts))]
+
+
 def _tp_rank(rank: int, world: int, rendezvous: str, target: str, device: str, dtype: str, out: str) -> None:
     import torch.distributed as dist
 
@@ -145,13 +157,11 @@ def _tp_rank(rank: int, world: int, rendezvous: str, target: str, device: str, d
     options = engine_options(dtype, f"cuda:{rank}" if cuda else device)
     config = EngineConfig(model=target, drafter=TP_DRAFTER, **SPECULATION, **options)
     if rank == 0:
-        llm = LLM(target, drafter=TP_DRAFTER, **SPECULATION, **options)
-        tp.shard_engine(llm.engine, world)
-        tokens = [o.token_ids for o in llm.generate(prompts_for(Path(target)), GREEDY)]
-        llm.engine.runner.stop()
-        Path(out).write_text(json.dumps(tokens))
+        engine = Engine(config, tp=tp.TPContext(0, world))  # the drafter sits beside rank 0's shard
+        Path(out).write_text(json.dumps(run_engine(engine, prompts_for(Path(target)))))
+        engine.runner.stop()
     else:
-        tp.follow(tp.follower_runner(config, config.num_kv_pages, rank, world))
+        tp.follow(tp.follower_runner(config, tp.TPContext(rank, world)))
     dist.barrier()  # neither peer tears the group down while the other is still in it
     dist.destroy_process_group()
 

@@ -121,6 +121,13 @@ def placement_problem(llm: LLM, dtype: torch.dtype, device: str) -> str | None:
     return f"drafter weights found as {sorted(stray)}" if stray else None
 
 
+def engine_problem(engine: Engine) -> str | None:
+    stats = engine.stats
+    if stats.drafter_failures or stats.failed_requests:
+        return f"{stats.drafter_failures} drafter faults, {stats.failed_requests} failed requests"
+    return None if stats.drafted_tokens else "nothing was drafted"
+
+
 def greedy_check(target: Path, device: str, dtype: str, drafter: str, reference: Reference) -> Check:
     name = f"{drafter} {device} {dtype}"
     try:
@@ -129,9 +136,11 @@ def greedy_check(target: Path, device: str, dtype: str, drafter: str, reference:
     except Exception as exc:  # report and go on: the summary names every broken drafter
         return Check(name, False, f"{type(exc).__name__}: {exc}")
     stats = llm.engine.stats
-    misplaced = placement_problem(llm, DTYPES[dtype], device)
-    if misplaced or stats.drafted_tokens == 0:
-        return Check(name, False, misplaced or "nothing was drafted")
+    # The engine survives a faulty drafter by decoding plainly (dspark/drafter_guard.py): that would
+    # pass the identity check, so any fault or a drafter that never drafted fails here.
+    problem = placement_problem(llm, DTYPES[dtype], device) or engine_problem(llm.engine)
+    if problem:
+        return Check(name, False, problem)
     return reference.judge(name, got, f"; accepted {stats.accepted_tokens}/{stats.drafted_tokens} drafted")
 
 
@@ -158,7 +167,8 @@ def _tp_rank(rank: int, world: int, rendezvous: str, target: str, device: str, d
     config = EngineConfig(model=target, drafter=TP_DRAFTER, **SPECULATION, **options)
     if rank == 0:
         engine = Engine(config, tp=tp.TPContext(0, world))  # the drafter sits beside rank 0's shard
-        Path(out).write_text(json.dumps(run_engine(engine, prompts_for(Path(target)))))
+        tokens = run_engine(engine, prompts_for(Path(target)))
+        Path(out).write_text(json.dumps({"tokens": tokens, "problem": engine_problem(engine)}))
         engine.runner.stop()
     else:
         tp.follow(tp.follower_runner(config, tp.TPContext(rank, world)))
@@ -176,7 +186,10 @@ def tp_check(target: Path, device: str, dtype: str, work: Path, reference: Refer
         mp.spawn(_tp_rank, args=(2, rendezvous, str(target), device, dtype, str(out)), nprocs=2, join=True)
     except Exception as exc:
         return Check(name, False, f"{type(exc).__name__}: {exc}")
-    return reference.judge(name, json.loads(out.read_text()))
+    result = json.loads(out.read_text())
+    if result["problem"]:
+        return Check(name, False, result["problem"])
+    return reference.judge(name, result["tokens"])
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -2,6 +2,7 @@
 
 Engine errors (`dspark.errors`) arrive here directly or wrapped by Ray (RayTaskError.cause) when they
 crossed from a replica; anything unrecognised is a 500 / INTERNAL with a generic message, logged.
+A request schema's pydantic ValidationError becomes an InvalidRequestError here too (`invalid_request`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 import grpc
+from pydantic import ValidationError
 from ray.exceptions import RayActorError, RayTaskError, TaskCancelledError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
@@ -29,6 +31,22 @@ log = logging.getLogger(__name__)
 # gRPC trailing metadata keys; dspark_client.errors reads the same names.
 FIELD_KEY = "dspark-field"
 RETRY_AFTER_KEY = "retry-after-ms"
+# pydantic errors whose message already says all there is; the others also show what was sent.
+_COMPLETE = {"missing", "lone_surrogate", "empty", "batch", "identifier"}
+_SHOWN_CHARS = 40
+# pydantic's messages in the client's words ("a valid dictionary or instance of StreamOptions": an object).
+_PLAIN = {
+    "model_type": "must be an object",
+    "model_attributes_type": "must be an object",
+    "dict_type": "must be an object",
+    "list_type": "must be an array",
+    "string_type": "must be a string",
+    "string_unicode": "must be valid Unicode: a lone surrogate has no UTF-8 encoding",
+    "int_type": "must be an integer",
+    "float_type": "must be a number",
+    "bool_type": "must be a boolean",
+    "finite_number": "must be a finite number",
+}
 
 
 class DuplicateRequestError(DSparkError):
@@ -75,6 +93,59 @@ class ErrorInfo:
         if self.retry_after_s is not None:
             meta.append((RETRY_AFTER_KEY, str(int(self.retry_after_s * 1000))))
         return tuple(meta)
+
+
+def invalid_request(exc: ValidationError) -> InvalidRequestError:
+    """A request schema's first complaint, naming the field path: `messages[0].content: must be ...`."""
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    message = _rephrase(first["type"], first["msg"])
+    if first["type"] not in _COMPLETE:
+        message += f" (got {describe(first['input'])})"
+    if len(errors) > 1:
+        message += f"; and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''}"
+    return InvalidRequestError(field_path(first["loc"]) or "body", message)
+
+
+def field_path(loc: tuple[int | str, ...]) -> str:
+    """pydantic's location as the client wrote the field: ('messages', 0, 'content') -> messages[0].content.
+
+    Tagged unions add their tag to the location; the schemas write tags <like this>, so they are dropped.
+    """
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif not part.startswith("<"):
+            path += f".{part}" if path else part
+    return path
+
+
+def describe(value: object) -> str:
+    """A short ASCII account of a client's value: never a long echo, never a character JSON can't carry."""
+    if isinstance(value, str) and len(value) <= _SHOWN_CHARS:
+        return ascii(value)
+    if isinstance(value, str):
+        return f"a string of {len(value)} characters"
+    if isinstance(value, bool | float) or value is None:
+        return ascii(value)
+    if isinstance(value, int):
+        return ascii(value) if abs(value) < 10**_SHOWN_CHARS else f"an integer of {value.bit_length()} bits"
+    if isinstance(value, list):
+        return f"an array of {len(value)} items"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _rephrase(kind: str, message: str) -> str:
+    if kind in _PLAIN:
+        return _PLAIN[kind]
+    # pydantic says "Input should be ...", "List should have ...": our messages say "must ...".
+    for subject in ("Input should", "String should", "List should", "Value should", "Dictionary should"):
+        if message.startswith(subject):
+            return "must" + message[len(subject) :]
+    return "is required" if message == "Field required" else message
 
 
 def unwrap(exc: BaseException) -> BaseException:

@@ -13,6 +13,8 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
+from jinja2 import TemplateError
+
 from deployments.config import AppConfig
 from deployments.errors import DuplicateRequestError, UnauthorizedError
 from deployments.events import StreamEvent
@@ -138,9 +140,14 @@ class Frontend:
             return list(req.prompt_token_ids)
         if req.messages is not None:
             template = self.tokenizer.chat_template or FALLBACK_CHAT_TEMPLATE
-            text = self.tokenizer.apply_chat_template(
-                req.messages, chat_template=template, tokenize=False, add_generation_prompt=True
-            )
+            try:
+                text = self.tokenizer.apply_chat_template(
+                    req.messages, chat_template=template, tokenize=False, add_generation_prompt=True
+                )
+            except TemplateError as exc:  # a template's raise_exception(): e.g. roles must alternate
+                raise InvalidRequestError(
+                    "messages", f"the model's chat template refused them: {exc}"
+                ) from None
             return self.tokenizer.encode(text, add_special_tokens=False)
         # Exactly what Engine.tokenize does, so served output equals offline output for the same text.
         return self.tokenizer.encode(req.prompt, add_special_tokens=False)

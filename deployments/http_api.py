@@ -7,6 +7,7 @@ is a 400 naming its field in OpenAI's error shape, never FastAPI's 422 or a 500.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
@@ -28,15 +29,23 @@ def _frontend() -> Frontend:
     return serve.get_replica_context().servable_object
 
 
-def _error(exc: BaseException) -> JSONResponse:
+def _error(exc: BaseException) -> Response:
     info = classify(exc)
-    return JSONResponse(info.openai_body(), status_code=info.http_status, headers=info.http_headers())
+    # ASCII JSON: an error body must encode whatever its message quotes (JSONResponse writes UTF-8,
+    # which a lone surrogate cannot be).
+    return Response(
+        json.dumps(info.openai_body()),
+        status_code=info.http_status,
+        headers=info.http_headers(),
+        media_type="application/json",
+    )
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise InvalidRequestError("body", f"{declared} bytes exceed the limit of {limit} bytes")
+    declared = request.headers.get("content-length", "")
+    # A header of thousands of digits is no size at all (and int() refuses over 4300 digits).
+    if declared.isascii() and declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
+        raise InvalidRequestError("body", f"Content-Length exceeds the limit of {limit} bytes")
     body = bytearray()
     async for chunk in request.stream():  # bounded even when no Content-Length was sent
         body += chunk

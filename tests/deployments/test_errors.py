@@ -7,10 +7,11 @@ import pickle
 
 import grpc
 import pytest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ray.exceptions import RayTaskError
 from ray.serve.exceptions import BackPressureError
 
-from deployments.errors import DuplicateRequestError, classify
+from deployments.errors import DuplicateRequestError, classify, describe, field_path, invalid_request
 from dspark.errors import AdmissionError, EngineDeadError, InvalidRequestError, RequestFailedError
 
 
@@ -65,3 +66,51 @@ def test_a_failed_request_is_told_why():
 
 def test_internal_errors_do_not_leak_details():
     assert "secret" not in classify(RuntimeError("secret path /etc")).message
+
+
+@pytest.mark.parametrize(
+    "loc, path",
+    [
+        (("messages", 0, "content"), "messages[0].content"),
+        (("messages", 2, "content", "<parts>", 1, "text"), "messages[2].content[1].text"),
+        (("prompt", "<token ids>", 3), "prompt[3]"),
+        (("stream_options", "include_usage"), "stream_options.include_usage"),
+        ((), ""),
+    ],
+)
+def test_field_path_is_what_the_client_wrote(loc, path):
+    assert field_path(loc) == path
+
+
+@pytest.mark.parametrize(
+    "value, text",
+    [
+        ("short", "'short'"),
+        ("\udcff\u202e", "'\\udcff\\u202e'"),
+        ("x" * 41, "a string of 41 characters"),
+        (10**40, "an integer of 133 bits"),
+        (-5, "-5"),
+        (float("nan"), "nan"),
+        ([1, 2], "an array of 2 items"),
+        ({"a": 1}, "an object"),
+        (None, "None"),
+    ],
+)
+def test_describe_is_short_and_ascii(value, text):
+    assert describe(value) == text
+
+
+def test_a_validation_error_becomes_a_400_naming_the_field():
+    class Body(BaseModel):
+        model_config = ConfigDict(strict=True)
+        max_tokens: int = Field(ge=1)
+        top_p: float = 1.0
+
+    with pytest.raises(ValidationError) as err:
+        Body.model_validate({"max_tokens": 0, "top_p": "x"})
+    invalid = invalid_request(err.value)
+    assert invalid.field == "max_tokens"
+    assert invalid.message == "must be greater than or equal to 1 (got 0); and 1 more error"
+    info = classify(invalid)
+    assert (info.http_status, info.grpc_code) == (400, grpc.StatusCode.INVALID_ARGUMENT)
+    assert info.openai_body()["error"]["param"] == "max_tokens"

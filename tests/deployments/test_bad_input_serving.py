@@ -81,3 +81,76 @@ def test_grpc_bad_inputs(serve_stack, kwargs, field):
             list(stream)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert err.value.details().startswith(f"{field}: ")
+
+
+CMPL, CHAT = "/v1/completions", "/v1/chat/completions"
+USER_SURROGATE = rb'{"messages": [{"role": "user", "content": "\udcff"}]}'
+PART_NOT_TEXT = rb'{"messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]}'
+
+
+@pytest.mark.parametrize(
+    "path, raw, field, words",
+    [
+        (CMPL, rb'{"prompt": "\udcff\u0000\u202e"}', "prompt", "lone surrogate"),
+        (CMPL, b'{"prompt": "\xed\xb3\xbf"}', "body", "not valid UTF-8"),
+        (CMPL, b"[" * 60_000, "body", "nesting deeper than 32 levels"),  # under the 64 KiB limit
+        (CMPL, b'{"prompt": "x", "temperature": Infinity}', "body", "Infinity is not valid JSON"),
+        (CMPL, b'{"prompt": "x", "temperature": 1e308}', "temperature", "less than or equal to 2"),
+        (CMPL, b'{"prompt": "x", "seed": 18446744073709551616}', "seed", "9223372036854775807"),
+        (CMPL, b'{"prompt": "x", "seed": 1' + b"0" * 5000 + b"}", "body", "5001 digits"),
+        (CMPL, b'{"prompt": "x", "request_id": "' + b"r" * 129 + b'"}', "request_id", "128"),
+        (CMPL, b'{"prompt": "x", "sla_class": "' + b"s" * 65 + b'"}', "sla_class", "64"),
+        (CMPL, b'{"prompt": "x", "stop": ["' + b"s" * 257 + b'"]}', "stop[0]", "256"),
+        (CMPL, rb'{"prompt": "x", "model": "\ud800"}', "model", "lone surrogate"),
+        (CHAT, USER_SURROGATE, "messages[0].content", "lone surrogate"),
+        (CHAT, PART_NOT_TEXT, "messages[0].content[0].text", "must be a string"),
+    ],
+)
+def test_http_hostile_bodies_are_refused_by_field(serve_stack, path, raw, field, words):
+    status, payload = raw_post(serve_stack, path, raw)
+    assert status == 400, payload
+    assert payload["error"]["param"] == field and words in payload["error"]["message"], payload
+
+
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        (CMPL, {"prompt": "a\x00b\u202ec\u200f", "temperature": 1e-300, "top_p": 5e-324}),
+        (CMPL, {"prompt": "x" * 300, "seed": -(2**63), "temperature": 0.5}),
+        (
+            CHAT,
+            {"messages": [{"role": "tool", "content": [{"type": "text", "text": t} for t in ("", "\x00")]}]},
+        ),
+    ],
+)
+def test_http_odd_but_valid_bodies_generate(serve_stack, path, body):
+    status, payload = raw_post(serve_stack, path, json.dumps({**body, "max_tokens": 3}).encode())
+    assert status == 200, payload
+    assert payload["usage"]["completion_tokens"] >= 1
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"prompt": "x", "temperature": float("nan")}, "temperature"),
+        ({"prompt": "x", "top_p": float("inf")}, "top_p"),
+        ({"prompt": "x", "request_id": "r" * 129}, "request_id"),
+        ({"prompt": "x", "stop": ["s"] * 17}, "stop"),
+        ({"prompt": "x", "stop_token_ids": [-3]}, "stop_token_ids[0]"),
+        ({"prompt": "x", "sla_class": "s p"}, "sla_class"),
+    ],
+)
+def test_grpc_hostile_values_are_refused_by_field(serve_stack, kwargs, field):
+    with grpc.insecure_channel(serve_stack.grpc_target) as channel:
+        stream = GenerationStub(channel).Generate(build_request(**kwargs), timeout=30)
+        with pytest.raises(grpc.RpcError) as err:
+            list(stream)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith(f"{field}: ")
+
+
+def test_grpc_values_the_sampler_cannot_represent_still_generate(serve_stack):
+    request = build_request("def f(x):", temperature=5e-324, top_p=1e-300, seed=-(2**63), max_tokens=3)
+    with grpc.insecure_channel(serve_stack.grpc_target) as channel:
+        responses = list(GenerationStub(channel).Generate(request, timeout=30))
+    assert responses[-1].final.usage.completion_tokens >= 1

@@ -80,7 +80,11 @@ def _safe_id(text: str) -> str:
 
 
 def string(min_length: int = 0, max_length: int | None = None) -> Any:
-    """A string that is valid Unicode (so UTF-8 encodes it), within the given length in characters."""
+    """A string that is valid Unicode (so UTF-8 encodes it), within the given length in characters.
+
+    pydantic-core already refuses a lone surrogate in a string with length constraints (error type
+    string_unicode) but not in a bare `str`; the explicit check keeps the rule off that detail.
+    """
     limits = StringConstraints(min_length=min_length, max_length=max_length)
     return Annotated[str, limits, AfterValidator(_no_lone_surrogates)]
 

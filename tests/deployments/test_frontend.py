@@ -10,7 +10,7 @@ from deployments.config import AppConfig
 from deployments.errors import DuplicateRequestError, UnauthorizedError
 from deployments.events import StreamEvent
 from deployments.frontend import Frontend
-from deployments.validation import Limits, completion_request
+from deployments.validation import Limits, chat_request, completion_request
 from dspark.errors import InvalidRequestError
 from dspark.outputs import SpeculationStats
 
@@ -104,6 +104,15 @@ def test_model_and_context_checks(qwen3_dir):
         with pytest.raises(InvalidRequestError) as err:
             asyncio.run(fe.open(request(**body)))
         assert err.value.field == field
+
+
+def test_a_chat_template_refusal_is_a_bad_request(qwen3_dir):
+    fe = frontend(qwen3_dir)
+    fe.tokenizer.chat_template = "{{ raise_exception('Conversation roles must alternate') }}"
+    req = chat_request({"messages": [{"role": "assistant", "content": "hi"}]}, Limits())
+    with pytest.raises(InvalidRequestError) as err:
+        asyncio.run(fe.open(req))
+    assert err.value.field == "messages" and "roles must alternate" in err.value.message
 
 
 def test_stream_then_duplicate_then_abort(qwen3_dir):

@@ -1,6 +1,6 @@
 """Input validation at the edge: raw HTTP bodies and gRPC messages become one `GenerationRequest`.
 
-Pure functions with no Ray and no I/O, in two steps. First the HTTP body is parsed with guards
+Pure functions (no I/O), in two steps. First the HTTP body is parsed with guards
 json.loads lacks: it recurses once per nesting level (a body of 100k `[` is a RecursionError), decodes
 UTF-16 and lone surrogates from bytes, takes `NaN` and `Infinity`, and turns a 5000-digit literal into
 a ValueError. Then the object (or the gRPC message, flattened to one) is validated by its schema
@@ -23,7 +23,7 @@ from deployments.schemas import ChatCompletionRequest, CompletionRequest, Genera
 from dspark.errors import InvalidRequestError
 from dspark.sampling_params import SamplingParams
 
-MAX_JSON_DEPTH = 32  # the schemas need 4 levels; anything deeper is not a request
+MAX_JSON_DEPTH = 32  # a chat body with text parts needs 5 levels; far deeper is no request
 MAX_INT_DIGITS = 64  # int64 has 19; a longer literal is no valid value of any field
 # A JSON string, complete or running to the end of the text: it always matches from its opening quote,
 # so scanning never backtracks over a long unterminated string (a quadratic trap for the plain pattern).

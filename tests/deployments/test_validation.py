@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from deployments.schemas import MIN_TEMPERATURE, MIN_TOP_P
+from deployments.schemas import MIN_TOP_P
 from deployments.validation import Limits, chat_request, completion_request, grpc_request
 from dspark.errors import InvalidRequestError
 from dspark_client.proto import pb
@@ -159,10 +159,11 @@ def test_every_option_reaches_sampling_params():
     assert req.stream and req.include_usage and req.model == "m"
 
 
-def test_unrepresentable_small_values_are_raised_to_the_sampler_floors():
-    assert completion(temperature=1e-300).params.temperature == MIN_TEMPERATURE
-    assert completion(temperature=5e-324, top_p=5e-324).params.top_p == MIN_TOP_P
-    assert completion(temperature=0.0).params.greedy and completion(temperature=-0.0).params.greedy
+def test_values_the_float32_sampler_cannot_represent():
+    for tiny in (1e-300, 5e-324, 9.9e-6, -0.0, 0):
+        assert completion(temperature=tiny).params.temperature == 0.0  # greedy, as vLLM
+    assert completion(temperature=1e-5).params.temperature == 1e-5
+    assert completion(top_p=5e-324).params.top_p == MIN_TOP_P and completion(top_p=1e-6).params.top_p == 1e-6
     assert completion(temperature=0.5, top_p=0.5).params.temperature == 0.5
 
 

@@ -46,15 +46,7 @@ MAX_STOP_TOKEN_IDS = 64
 MAX_MESSAGES = 1024
 MAX_CONTENT_PARTS = 1024
 _SAFE_ID = re.compile(r"[A-Za-z0-9._:\-]+")
-# The sampler compares top_p in float32, where a top_p under ~1e-45 is 0 and keeps no token (NaN
-# probabilities); such a value is raised to MIN_TOP_P, which keeps the top token alone, as it meant to.
-# (Tiny temperatures need nothing here: SamplingParams decodes those greedily.)
-MIN_TOP_P = 1e-6
 CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
-
-
-def _raise_tiny_top_p(top_p: float) -> float:
-    return max(top_p, MIN_TOP_P)
 
 
 def _no_lone_surrogates(text: str) -> str:
@@ -153,7 +145,7 @@ class SamplingFields(Strict):
     model: string(max_length=MAX_MODEL_CHARS) | None = None
     max_tokens: Annotated[int, Field(ge=1, le=MAX_NEW_TOKENS)] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(gt=0, le=1), AfterValidator(_raise_tiny_top_p)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     top_k: Annotated[int, Field(ge=-1, le=INT32_MAX)] | None = None
     seed: Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)] | None = None
     stop: Stop | None = None

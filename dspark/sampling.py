@@ -28,6 +28,8 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
         sorted_probs = sorted_logits.softmax(dim=-1)
         # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass before it does.
         drop_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= params.top_p
+        # The top token always stays: a top_p that rounds to 0 in float32 would otherwise drop it too.
+        drop_sorted[..., 0] = False
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits.softmax(dim=-1)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from deployments.schemas import MIN_TOP_P
 from deployments.validation import Limits, chat_request, completion_request, grpc_request
 from dspark.errors import InvalidRequestError
 from dspark_client.proto import pb
@@ -159,8 +158,9 @@ def test_every_option_reaches_sampling_params():
     assert req.stream and req.include_usage and req.model == "m"
 
 
-def test_values_the_float32_sampler_cannot_represent():
-    assert completion(top_p=5e-324).params.top_p == MIN_TOP_P and completion(top_p=1e-6).params.top_p == 1e-6
+def test_values_the_float32_sampler_cannot_represent_pass_through():
+    # The sampler keeps the top token whatever top_p rounds to (tests/dspark/test_sampling.py).
+    assert completion(top_p=5e-324).params.top_p == 5e-324 and completion(top_p=1e-6).params.top_p == 1e-6
     assert completion(temperature=1e-300).params.greedy  # SamplingParams' own rule, not the edge's
     assert completion(temperature=0.5, top_p=0.5).params.top_p == 0.5
 

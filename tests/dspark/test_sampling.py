@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from dspark.sampling import probs_from_logits
@@ -107,3 +108,11 @@ def test_sample_rows_gives_fp32_q_of_half_precision_logits():
         assert torch.equal(rows[r], probs_from_logits(logits[r].float(), params[r]))
         assert torch.equal(rows[r], wide_rows[r])
     assert torch.equal(tokens, widened) and tokens[2] == logits[2].float().argmax()
+
+
+@pytest.mark.parametrize("top_p", [1e-300, 5e-324, 1e-46, 1e-6])
+def test_tiny_top_p_keeps_exactly_the_top_token(top_p):
+    logits = torch.tensor([[0.5, 2.0, -1.0, 1.9], [3.0, 3.0 - 1e-3, 0.0, -5.0]])
+    probs = probs_from_logits(logits, SamplingParams(temperature=0.7, top_p=top_p))
+    assert torch.isfinite(probs).all()
+    assert probs.argmax(-1).tolist() == [1, 0] and torch.equal(probs.max(-1).values, torch.ones(2))

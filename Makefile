@@ -8,12 +8,9 @@ MODELS ?= models
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml sdk/pyproject.toml proto/dspark/v1/generation.proto
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]' -e ./sdk
-	# The gRPC code is generated from proto/ here, never committed.
-	$(PY) -m dspark_client._codegen
+# The same script installs the container images (docker/), so every test run exercises it.
+$(VENV)/.installed: pyproject.toml sdk/pyproject.toml proto/dspark/v1/generation.proto scripts/install.sh
+	PYTHON=$(PYTHON) scripts/install.sh $(VENV) dev
 	touch $@
 
 test: install

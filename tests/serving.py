@@ -7,7 +7,9 @@ Small on purpose: 2 logical CPUs, a small object store, no dashboard; replicas u
 from __future__ import annotations
 
 import socket
+import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,6 +127,38 @@ def serve_stack(qwen3_dir):
         serve.shutdown()
         ray.shutdown()
         _state["stack"] = None
+
+
+class Traffic:
+    """Client threads calling `request(client)` in a loop until finished; each thread has its own
+    dspark_client.Client(target, **client_options). Returned texts and raised errors are all kept."""
+
+    def __init__(self, target: str, clients: int, request: Callable, **client_options) -> None:
+        self.stop = threading.Event()
+        self.texts: list[str] = []
+        self.failures: list[Exception] = []
+        self.threads = [
+            threading.Thread(target=self._loop, args=(target, request, client_options))
+            for _ in range(clients)
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def _loop(self, target: str, request: Callable, client_options: dict) -> None:
+        import dspark_client
+
+        with dspark_client.Client(target, **client_options) as client:
+            while not self.stop.is_set():
+                try:
+                    self.texts.append(request(client))
+                except Exception as exc:
+                    self.failures.append(exc)
+
+    def finish(self, timeout_s: float = 180.0) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=timeout_s)
+        assert not any(t.is_alive() for t in self.threads)
 
 
 @contextmanager

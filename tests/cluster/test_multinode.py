@@ -9,7 +9,6 @@ target replicas land only on workers, one per worker, as one-GPU pods hold one r
 from __future__ import annotations
 
 import asyncio
-import threading
 from dataclasses import dataclass
 
 import openai
@@ -18,7 +17,7 @@ import ray
 from ray import serve
 from ray.cluster_utils import Cluster
 from ray.serve.schema import ServeInstanceDetails
-from serving import REPO, app_args, free_port, ray_released, wait_until
+from serving import REPO, Traffic, app_args, free_port, ray_released, wait_until
 
 import dspark_client
 from deployments.app import GRPC_SERVICERS, build_app
@@ -170,43 +169,22 @@ def test_tensor_parallel_shards_pack_on_one_worker(multi, spread_app, qwen3_dir)
     )
 
 
-class Load:
-    """Clients streaming long greedy requests until stopped. A stream cut after tokens arrived cannot be
-    retried by the SDK (it would repeat them): it surfaces as an error, and the client asks again with
-    `generate`, whose own retries cover a request that had not started yet."""
+def stream_or_ask_again(request: dict, cut: list):
+    """A long greedy stream. One cut after tokens arrived cannot be retried by the SDK (it would repeat
+    them): it surfaces, is kept in `cut`, and the client asks again with `generate`, whose own retries
+    cover a request that had not started yet."""
 
-    def __init__(self, target: str, app: str, clients: int, request: dict) -> None:
-        self.app = app
-        self.request = request
-        self.stop = threading.Event()
-        self.texts: list[str] = []
-        self.cut: list[Exception] = []  # in-flight streams that ended with an error
-        self.failed: list[Exception] = []  # requests that failed even after retrying
-        self.threads = [threading.Thread(target=self._loop, args=(target,)) for _ in range(clients)]
-        for thread in self.threads:
-            thread.start()
+    def one(client) -> str:
+        try:
+            with client.stream(PROMPT, **request) as stream:
+                for _ in stream:
+                    pass
+            return stream.completion.text
+        except dspark_client.DSparkClientError as error:
+            cut.append(error)
+            return client.generate(PROMPT, **request).text
 
-    def _loop(self, target: str) -> None:
-        retry = dspark_client.RetryPolicy(max_attempts=8, max_backoff_s=1.0)
-        with dspark_client.Client(target, application=self.app, timeout_s=120, retry=retry) as client:
-            while not self.stop.is_set():
-                try:
-                    with client.stream(PROMPT, **self.request) as stream:
-                        for _ in stream:
-                            pass
-                    self.texts.append(stream.completion.text)
-                except dspark_client.DSparkClientError as cut:
-                    self.cut.append(cut)
-                    try:
-                        self.texts.append(client.generate(PROMPT, **self.request).text)
-                    except Exception as exc:
-                        self.failed.append(exc)
-
-    def finish(self) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=180)
-        assert not any(t.is_alive() for t in self.threads)
+    return one
 
 
 def running_requests(app: str, replica_id: str) -> int:
@@ -222,7 +200,16 @@ def test_losing_a_worker_mid_load_replaces_its_replica_and_retries_succeed(multi
     ingress_before = running(spread_app, "Ingress")
     (victim_replica, victim_node), (survivor, survivor_node) = sorted(before.items())
 
-    load = Load(multi.grpc_target, spread_app, clients=6, request=request)
+    cut: list[Exception] = []  # streams that were in flight on the lost node
+    retry = dspark_client.RetryPolicy(max_attempts=8, max_backoff_s=1.0)
+    load = Traffic(
+        multi.grpc_target,
+        6,
+        stream_or_ask_again(request, cut),
+        application=spread_app,
+        retry=retry,
+        timeout_s=120,
+    )
     try:
         wait_until(
             lambda: running_requests(spread_app, victim_replica) >= 2,
@@ -248,7 +235,7 @@ def test_losing_a_worker_mid_load_replaces_its_replica_and_retries_succeed(multi
     (replacement_node,) = {node for rid, node in after.items() if rid != survivor}
     assert replacement_node in {w.node_id for w in multi.workers} and replacement_node != survivor_node
     assert running(spread_app, "Ingress") == ingress_before
-    assert load.cut, "streams in flight on the lost node end with an error"
-    assert all(isinstance(e, dspark_client.UnavailableError) for e in load.cut), load.cut  # retryable
-    assert load.failed == []
+    assert cut, "streams in flight on the lost node end with an error"
+    assert all(isinstance(e, dspark_client.UnavailableError) for e in cut), cut  # retryable
+    assert load.failures == []  # every request asked again succeeded
     assert set(load.texts) == {expected}  # nothing else disturbed: every answer intact

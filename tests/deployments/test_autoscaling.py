@@ -7,10 +7,8 @@ metrics of the ingress, with the app built by build_app from an `autoscaling_con
 
 from __future__ import annotations
 
-import threading
-
 from ray import serve
-from serving import app_args, wait_until
+from serving import Traffic, app_args, wait_until
 
 import dspark_client
 from deployments.app import build_app
@@ -33,31 +31,13 @@ def replica_states() -> dict[str, int]:
     return dict(serve.status().applications[APP].deployments["TargetReplica"].replica_states)
 
 
-class Traffic:
-    """Clients sending the same greedy request in a loop until stopped; every outcome is kept."""
+def greedy(client) -> str:
+    return client.generate(PROMPT, **REQUEST).text
 
-    def __init__(self, target: str, clients: int) -> None:
-        self.stop = threading.Event()
-        self.texts: list[str] = []
-        self.failures: list[Exception] = []
-        self.threads = [threading.Thread(target=self._loop, args=(target,)) for _ in range(clients)]
-        for thread in self.threads:
-            thread.start()
 
-    def _loop(self, target: str) -> None:
-        # No retries: a request the autoscaler disturbed would show up as a failure here.
-        with dspark_client.Client(target, application=APP, retry=dspark_client.NO_RETRY, timeout_s=60) as c:
-            while not self.stop.is_set():
-                try:
-                    self.texts.append(c.generate(PROMPT, **REQUEST).text)
-                except Exception as exc:
-                    self.failures.append(exc)
-
-    def finish(self) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=120)
-        assert not any(t.is_alive() for t in self.threads)
+def greedy_clients(target: str, clients: int) -> Traffic:
+    # No retries: a request the autoscaler disturbed shows up as a failure.
+    return Traffic(target, clients, greedy, application=APP, retry=dspark_client.NO_RETRY, timeout_s=60)
 
 
 def test_burst_scales_targets_up_and_back_without_losing_a_request(serve_stack):
@@ -71,9 +51,9 @@ def test_burst_scales_targets_up_and_back_without_losing_a_request(serve_stack):
     try:
         assert replica_states() == {"RUNNING": 1}
         with dspark_client.Client(serve_stack.grpc_target, application=APP, timeout_s=60) as client:
-            expected = client.generate(PROMPT, **REQUEST).text
+            expected = greedy(client)
 
-        burst = Traffic(serve_stack.grpc_target, clients=6)
+        burst = greedy_clients(serve_stack.grpc_target, clients=6)
         try:
             wait_until(
                 lambda: replica_states().get("RUNNING") == 2,
@@ -85,7 +65,7 @@ def test_burst_scales_targets_up_and_back_without_losing_a_request(serve_stack):
             burst.finish()
 
         # Light traffic goes on while the autoscaler takes the extra replica away and it drains.
-        trickle = Traffic(serve_stack.grpc_target, clients=1)
+        trickle = greedy_clients(serve_stack.grpc_target, clients=1)
         try:
             wait_until(
                 lambda: replica_states() == {"RUNNING": 1},

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True)
         for file_name, text in render(values).items():
             (out / file_name).write_text(text)
-        print(f"[chart] {name}: lint clean, rendered into {out.relative_to(REPO)}/", flush=True)
+        print(f"[chart] {name}: lint clean, rendered into {out}/", flush=True)
     return 1 if failed else 0
 
 

@@ -32,15 +32,21 @@ def build_app(args: dict | AppConfig) -> Application:
     engine = config.engine_config()
     tp = config.tensor_parallel_size
     gpus = 1 if config.uses_gpu else 0
-    placement: dict = {"ray_actor_options": {"num_cpus": config.replica_num_cpus, "num_gpus": gpus}}
+    actor = {
+        "num_cpus": config.replica_num_cpus,
+        "num_gpus": gpus,
+        "resources": dict(config.replica_resources),
+    }
+    placement: dict = {"ray_actor_options": actor}
     if tp > 1:
         # Rank 0 (the replica, with the drafter) takes bundle 0; the other shards take the rest.
-        shard = {"CPU": config.replica_num_cpus} | ({"GPU": 1} if gpus else {})
+        shard = {"CPU": config.replica_num_cpus, **config.replica_resources} | ({"GPU": 1} if gpus else {})
         placement |= {"placement_group_bundles": [shard] * tp, "placement_group_strategy": "STRICT_PACK"}
     data = config.model_dump()
+    per_replica = config.max_ongoing_requests or engine.max_num_seqs
     replica = TargetReplica.options(
-        num_replicas=config.num_replicas,
-        max_ongoing_requests=config.max_ongoing_requests or engine.max_num_seqs,
+        **_replica_count(config.num_replicas, config.autoscaling_config),
+        max_ongoing_requests=per_replica,
         health_check_period_s=config.health_check_period_s,
         health_check_timeout_s=config.health_check_timeout_s,
         graceful_shutdown_timeout_s=config.graceful_shutdown_timeout_s,
@@ -48,9 +54,14 @@ def build_app(args: dict | AppConfig) -> Application:
         **placement,
     ).bind(data)
     return Ingress.options(
-        num_replicas=1,
+        **_replica_count(1, config.ingress_autoscaling_config),
         # Streams wait on the replicas, not on this process: let it hold every replica's requests.
-        max_ongoing_requests=(config.max_ongoing_requests or engine.max_num_seqs) * config.num_replicas + 16,
+        max_ongoing_requests=per_replica * config.max_replicas + 16,
         max_queued_requests=config.max_queued_requests,
         ray_actor_options={"num_cpus": config.ingress_num_cpus},
     ).bind(replica, data)
+
+
+def _replica_count(fixed: int, autoscaling: dict | None) -> dict:
+    """Serve's options for a fixed count, or for its autoscaler deciding the count."""
+    return {"num_replicas": fixed} if autoscaling is None else {"autoscaling_config": autoscaling}

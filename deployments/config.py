@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from ray.serve.config import AutoscalingConfig
 
 from dspark.config import EngineConfig
 
@@ -18,15 +19,27 @@ class AppConfig(BaseModel):
     # kv_cache_memory_mb, max_num_seqs, max_model_len, ...
     engine: dict = Field(default_factory=dict)
     tensor_parallel_size: int = Field(1, ge=1)
-    num_replicas: int = Field(1, ge=1)
+    num_replicas: int = Field(1, ge=1, description="target replicas; with autoscaling_config, Serve decides")
+    # Serve's autoscaling (ray.serve.config.AutoscalingConfig fields: min_replicas, max_replicas,
+    # target_ongoing_requests, upscale_delay_s, downscale_delay_s, ...) for the target replicas and for
+    # the ingress. Serve changes replica counts over tens of seconds; KubeRay's autoscaler then adds or
+    # removes worker pods to fit them.
+    autoscaling_config: dict | None = None
+    ingress_autoscaling_config: dict | None = None
     # Logical Ray resources per target shard (the replica is shard 0) and for the ingress.
     replica_num_cpus: float = Field(1.0, ge=0)
     ingress_num_cpus: float = Field(0.5, ge=0)
+    # Custom Ray resources each target shard also needs, e.g. {"accelerator_type:H100": 0.001} to keep
+    # replicas on one node type, or a resource only one worker group advertises.
+    replica_resources: dict[str, float] = Field(default_factory=dict)
     torch_num_threads: int | None = Field(None, ge=1, description="per shard; default: torch's choice")
     max_ongoing_requests: int | None = Field(None, ge=1, description="per replica; default: max_num_seqs")
     max_queued_requests: int = Field(256, ge=-1, description="ingress queue before 429; -1: unbounded")
     max_request_bytes: int = Field(1 << 20, ge=1024)
     api_keys: list[str] = Field(default_factory=list, description="bearer tokens accepted; empty: open")
+    # Tokens kept out of the config itself: a file with one per line (a mounted Kubernetes Secret),
+    # read by the ingress at start and accepted besides `api_keys`.
+    api_keys_file: str | None = None
     stuck_after_s: float = Field(
         30.0, gt=0, description="a replica with work but no step for this long is unhealthy"
     )
@@ -34,6 +47,36 @@ class AppConfig(BaseModel):
     health_check_timeout_s: float = Field(30.0, gt=0)
     graceful_shutdown_timeout_s: float = Field(20.0, ge=0)
     routing_stats_period_s: float = Field(1.0, gt=0)
+
+    @field_validator("autoscaling_config", "ingress_autoscaling_config")
+    @classmethod
+    def _serve_autoscaling(cls, value: dict | None) -> dict | None:
+        if value is None:
+            return None
+        # Serve's own model ignores unknown keys; a misspelt delay must not pass silently.
+        if unknown := sorted(set(value) - set(AutoscalingConfig.model_fields)):
+            raise ValueError(
+                f"unknown field {unknown[0]!r}; Serve's fields: {sorted(AutoscalingConfig.model_fields)}"
+            )
+        AutoscalingConfig(**value)  # Serve validates the values (min <= max, positive delays, ...)
+        return value
+
+    @field_validator("replica_resources")
+    @classmethod
+    def _custom_resources(cls, value: dict[str, float]) -> dict[str, float]:
+        if reserved := sorted(set(value) & {"CPU", "GPU", "memory", "object_store_memory"}):
+            raise ValueError(f"{reserved[0]!r} is set by replica_num_cpus / the engine device, not here")
+        if negative := sorted(k for k, v in value.items() if v < 0):
+            raise ValueError(f"{negative[0]!r} must be >= 0")
+        return value
+
+    @model_validator(mode="after")
+    def _one_replica_count(self) -> AppConfig:
+        if self.autoscaling_config is not None and self.num_replicas != 1:
+            raise ValueError(
+                "num_replicas: autoscaling_config decides the replica count; leave num_replicas unset"
+            )
+        return self
 
     @model_validator(mode="after")
     def _engine_fields(self) -> AppConfig:
@@ -47,6 +90,24 @@ class AppConfig(BaseModel):
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(model=str(Path(self.model).expanduser().resolve()), **self.engine)
+
+    @property
+    def max_replicas(self) -> int:
+        """The most target replicas this app runs at once (what capacity is sized for)."""
+        if self.autoscaling_config is None:
+            return self.num_replicas
+        return AutoscalingConfig(**self.autoscaling_config).max_replicas
+
+    def accepted_api_keys(self) -> list[str]:
+        """`api_keys` plus the tokens in `api_keys_file` (read now: call once, at start)."""
+        keys = list(self.api_keys)
+        if self.api_keys_file:
+            lines = Path(self.api_keys_file).read_text(encoding="utf-8").splitlines()
+            from_file = [line.strip() for line in lines if line.strip()]
+            if not from_file:  # an empty Secret must not open the service to everyone
+                raise ValueError(f"api_keys_file: {self.api_keys_file} holds no tokens")
+            keys += from_file
+        return keys
 
     @property
     def model_name(self) -> str:

@@ -69,6 +69,7 @@ class Frontend:
         self.replica = replica
         self.config = config
         self.limits = Limits(max_request_bytes=config.max_request_bytes)
+        self.api_keys = config.accepted_api_keys()
         self.model_name = config.model_name
         self.created = int(time.time())
         self.tokenizer = AutoTokenizer.from_pretrained(config.engine_config().model, trust_remote_code=False)
@@ -84,10 +85,10 @@ class Frontend:
         return self._info
 
     def authorize(self, authorization: str | None) -> None:
-        if not self.config.api_keys:
+        if not self.api_keys:
             return
         token = (authorization or "").removeprefix("Bearer ").strip()
-        if not any(hmac.compare_digest(token, key) for key in self.config.api_keys):
+        if not any(hmac.compare_digest(token, key) for key in self.api_keys):
             raise UnauthorizedError("missing or invalid bearer token")
 
     async def open(self, req: GenerationRequest) -> Stream:

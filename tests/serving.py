@@ -7,7 +7,10 @@ Small on purpose: 2 logical CPUs, a small object store, no dashboard; replicas u
 from __future__ import annotations
 
 import socket
+import threading
 import time
+from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,13 +72,13 @@ def app_args(model_dir: Path, **overrides) -> dict:
     }
 
 
-def _start(model_dir: Path) -> Stack:
+def _start(model_dir: Path, http_port: int | None = None, grpc_port: int | None = None) -> Stack:
     import ray
     from ray import serve
 
     from deployments.app import GRPC_SERVICERS, build_app
 
-    http_port, grpc_port = free_port(), free_port()
+    http_port, grpc_port = http_port or free_port(), grpc_port or free_port()
     ray.init(
         num_cpus=2,
         object_store_memory=100 * 2**20,
@@ -92,7 +95,7 @@ def _start(model_dir: Path) -> Stack:
     return Stack(f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", model_dir, model_dir.name)
 
 
-def _start_with_retry(model_dir: Path, attempts: int = 2) -> Stack:
+def _start_with_retry(model_dir: Path, attempts: int = 2, **ports) -> Stack:
     """Start the stack; on a loaded 2-core machine Serve's controller can give up on a slow proxy
     actor, so a failed start is torn down completely (never left half-initialised) and tried again."""
     import ray
@@ -100,7 +103,7 @@ def _start_with_retry(model_dir: Path, attempts: int = 2) -> Stack:
 
     for attempt in range(1, attempts + 1):
         try:
-            return _start(model_dir)
+            return _start(model_dir, **ports)
         except Exception:
             if ray.is_initialized():
                 serve.shutdown()
@@ -124,3 +127,58 @@ def serve_stack(qwen3_dir):
         serve.shutdown()
         ray.shutdown()
         _state["stack"] = None
+
+
+class Traffic:
+    """Client threads calling `request(client)` in a loop until finished; each thread has its own
+    dspark_client.Client(target, **client_options). Returned texts and raised errors are all kept."""
+
+    def __init__(self, target: str, clients: int, request: Callable, **client_options) -> None:
+        self.stop = threading.Event()
+        self.texts: list[str] = []
+        self.failures: list[Exception] = []
+        self.threads = [
+            threading.Thread(target=self._loop, args=(target, request, client_options))
+            for _ in range(clients)
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def _loop(self, target: str, request: Callable, client_options: dict) -> None:
+        import dspark_client
+
+        with dspark_client.Client(target, **client_options) as client:
+            while not self.stop.is_set():
+                try:
+                    self.texts.append(request(client))
+                except Exception as exc:
+                    self.failures.append(exc)
+
+    def finish(self, timeout_s: float = 180.0) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=timeout_s)
+        assert not any(t.is_alive() for t in self.threads)
+
+
+@contextmanager
+def ray_released():
+    """For tests that start a Ray cluster of their own (one Ray per process): the shared stack, if it
+    runs, stops meanwhile and comes back afterwards on the same ports, so fixtures holding its
+    addresses keep working."""
+    stack = _state["stack"]
+    if stack is None:
+        yield
+        return
+    import ray
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()
+    try:
+        yield
+    finally:
+        port = lambda address: int(address.rsplit(":", 1)[1])
+        _state["stack"] = _start_with_retry(
+            stack.model_dir, http_port=port(stack.http_url), grpc_port=port(stack.grpc_target)
+        )

@@ -41,3 +41,27 @@ def test_bad_args_name_the_field(tmp_path):
         AppConfig(model="m", engine={"no_such_option": 1})
     with pytest.raises(pydantic.ValidationError, match="tensor_parallel_size"):
         AppConfig(model="m", tensor_parallel_size=0)
+
+
+def test_autoscaling_config_is_serves_own():
+    config = AppConfig(model="m", autoscaling_config={"min_replicas": 1, "max_replicas": 3})
+    assert config.max_replicas == 3 and AppConfig(model="m", num_replicas=2).max_replicas == 2
+    assert AppConfig(**config.model_dump()) == config  # what the replicas receive round-trips
+    with pytest.raises(
+        pydantic.ValidationError, match="(?s)autoscaling_config.*unknown field 'upscale_delay'"
+    ):
+        AppConfig(model="m", autoscaling_config={"upscale_delay": 1})
+    with pytest.raises(pydantic.ValidationError, match="(?s)autoscaling_config.*min_replicas"):
+        AppConfig(model="m", autoscaling_config={"min_replicas": 3, "max_replicas": 2})
+    with pytest.raises(pydantic.ValidationError, match="num_replicas: autoscaling_config decides"):
+        AppConfig(model="m", num_replicas=2, autoscaling_config={"max_replicas": 2})
+    with pytest.raises(pydantic.ValidationError, match="ingress_autoscaling_config"):
+        AppConfig(model="m", ingress_autoscaling_config={"max_replicas": -1})
+
+
+def test_replica_resources_are_custom_only():
+    assert AppConfig(model="m", replica_resources={"accelerator_type:H100": 0.001}).replica_resources
+    with pytest.raises(pydantic.ValidationError, match="'GPU' is set by"):
+        AppConfig(model="m", replica_resources={"GPU": 1})
+    with pytest.raises(pydantic.ValidationError, match="'slot' must be >= 0"):
+        AppConfig(model="m", replica_resources={"slot": -1})

@@ -94,6 +94,20 @@ def test_bearer_tokens(qwen3_dir):
             guarded.authorize(bad)
 
 
+def test_bearer_tokens_from_a_file(qwen3_dir, tmp_path):
+    """What the chart mounts from a Secret: one token per line, besides any inline `api_keys`."""
+    keys = tmp_path / "api-keys"
+    keys.write_text("k-file-1\n\n  k-file-2  \n")
+    guarded = frontend(qwen3_dir, api_keys=["k-inline"], api_keys_file=str(keys))
+    for good in ("Bearer k-inline", "Bearer k-file-1", "Bearer k-file-2"):
+        guarded.authorize(good)
+    with pytest.raises(UnauthorizedError):
+        guarded.authorize("Bearer k-file-3")
+    keys.write_text("\n")  # an empty Secret fails the start instead of opening the service
+    with pytest.raises(ValueError, match="api_keys_file"):
+        frontend(qwen3_dir, api_keys_file=str(keys))
+
+
 def test_model_and_context_checks(qwen3_dir):
     fe = frontend(qwen3_dir)
     for body, field in [

@@ -19,7 +19,7 @@ from dspark.errors import ModelLoadError
 
 SUPPORTED_ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
 # RoPE variants whose frequencies do not depend on the sequence length at run time.
-STATIC_ROPE_TYPES = {"default", "linear", "llama3", "yarn"}
+STATIC_ROPE_TYPES = {"default", "linear", "llama3", "yarn", "proportional"}
 
 
 @dataclass(frozen=True)
@@ -145,21 +145,33 @@ def model_config_from_hf(hf, directory: Path | str = "") -> ModelConfig:
 
 
 def rope_frequencies(hf) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies and cos/sin scaling, exactly as transformers computes them."""
+    """Inverse frequencies (fp32, on the CPU) and cos/sin scaling, exactly as transformers computes them
+    from `rope_parameters`. Nothing is guessed: a missing type or base, a type whose frequencies change
+    with the running sequence length, or a partial rotary dimension is refused, naming the field."""
     params = dict(getattr(hf, "rope_parameters", None) or {})
-    rope_type = params.get("rope_type", "default")
+    rope_type = params.get("rope_type")
+    if rope_type is None:
+        raise ModelLoadError("rope_parameters.rope_type is missing")
     if rope_type not in STATIC_ROPE_TYPES:
         raise ModelLoadError(
-            f"rope_type {rope_type!r} is not supported; supported: {sorted(STATIC_ROPE_TYPES)}"
+            f"rope_parameters.rope_type {rope_type!r} is not supported (its frequencies depend on the "
+            f"running sequence length, or transformers does not know it); "
+            f"supported: {sorted(STATIC_ROPE_TYPES)}"
         )
+    if params.get("rope_theta") is None:
+        raise ModelLoadError("rope_parameters.rope_theta (the RoPE base) is missing")
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     if rope_type == "default":
-        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-        theta = params.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
-        return inv_freq, 1.0
+        if params.get("partial_rotary_factor", getattr(hf, "partial_rotary_factor", 1.0)) != 1.0:
+            raise ModelLoadError("partial_rotary_factor != 1 is not supported")
+        theta = float(params["rope_theta"])
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.float, device="cpu") / head_dim
+        return 1.0 / (theta**exponents), 1.0
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf, torch.device("cpu"))
+    if inv_freq.numel() != head_dim // 2:
+        raise ModelLoadError("partial_rotary_factor != 1 is not supported")
     return inv_freq.float(), float(scaling)
 
 

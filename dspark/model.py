@@ -102,7 +102,8 @@ class Decoder(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """Forward over a flattened batch; returns the final hidden states and the tapped layer outputs."""
+    """Forward over a flattened batch; returns the final hidden states and the tapped layer outputs
+    (raw residual outputs of the given layers; -1 is the embedding output)."""
 
     def __init__(self, cfg: ModelConfig, inv_freq: torch.Tensor, rope_scaling: float = 1.0) -> None:
         super().__init__()
@@ -160,7 +161,8 @@ class CausalLM(nn.Module):
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
-        taps: dict[int, torch.Tensor] = {}
+        # Layer -1 is the embedding output (DeepSpec's convention); whole on every tensor-parallel rank.
+        taps: dict[int, torch.Tensor] = {-1: x} if -1 in tap_layers else {}
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, k_caches[i], v_caches[i], batch)
             if i in tap_layers:

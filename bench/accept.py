@@ -24,8 +24,9 @@ from transformers import AutoTokenizer  # noqa: E402
 from drafter_service.calibration.rounds import run_rounds  # noqa: E402
 from drafter_service.calibration.sts import calibration_report  # noqa: E402
 from drafter_service.demo import corpus  # noqa: E402
-from drafter_service.models.config import DrafterConfig  # noqa: E402
+from drafter_service.models.checkpoint import read_config  # noqa: E402
 from dspark import LLM, SamplingParams  # noqa: E402
+from dspark.checkpoint import load_checkpoint  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 # Row name -> checkpoint directory under models/drafters.
@@ -54,14 +55,15 @@ def main() -> None:
         d: corpus.heldout_prompts(d, 2 * args.prompts, args.prompt_tokens, tokenizer)[1::2]
         for d in corpus.DOMAINS
     }
+    target_config = load_checkpoint(target, load_tokenizer=False).config
     rows = []
     for row_name, subdir in DRAFTERS.items():
         path = Path(args.models) / "drafters" / subdir
-        cfg = DrafterConfig.load(path)
-        gamma = min(args.block_size, cfg.block_size)
+        cfg = read_config(path, target_config)  # the target's config reads the previous layout too
+        gamma = min(args.block_size, cfg.draft_length)
         llm = LLM(
             str(target),
-            drafter=cfg.architecture,
+            drafter=cfg.kind,
             drafter_model=str(path),
             num_speculative_tokens=gamma,
             scheduler="fixed",
@@ -73,7 +75,7 @@ def main() -> None:
                 params = SamplingParams(
                     temperature=temperature, max_tokens=args.new_tokens, ignore_eos=True, seed=1
                 )
-                log = run_rounds(str(target), cfg.architecture, domain_prompts, params, gamma, llm=llm)
+                log = run_rounds(str(target), cfg.kind, domain_prompts, params, gamma, llm=llm)
                 row = {
                     "drafter": row_name,
                     "domain": domain,
@@ -81,8 +83,8 @@ def main() -> None:
                     "block_size": gamma,
                     **log.acceptance(),
                 }
-                if cfg.use_confidence_head:
-                    temps = cfg.calibration_temperatures.get(str(temperature), [1.0] * gamma)
+                if cfg.enable_confidence_head:
+                    temps = cfg.sts_temperatures.get(temperature, [1.0] * gamma)
                     row.update(calibration_report(*log.tensors(), temps))
                 else:
                     row.update({"ece_raw": None, "ece_sts": None, "auc": None, "brier": None})

@@ -63,7 +63,7 @@ def build_stack(directory: Path) -> Path:
     target.mkdir(parents=True)
     tokenizer = train_tokenizer()
     build_checkpoint(target, "qwen3", tokenizer)
-    configs = tiny_configs(len(tokenizer), 64, tokenizer.convert_tokens_to_ids("<|mask|>"))
+    configs = tiny_configs(target, tokenizer.convert_tokens_to_ids("<|mask|>"))
     train_tiny_stack(target, configs, len(tokenizer), tokenizer.eos_token_id)
     return target
 

@@ -15,8 +15,9 @@ from transformers import AutoConfig, AutoTokenizer
 from drafter_service.calibration.rounds import run_rounds
 from drafter_service.calibration.sts import calibration_report, fit_sts
 from drafter_service.demo import corpus
-from drafter_service.models.checkpoint import save_drafter
+from drafter_service.models.checkpoint import read_config, save_drafter
 from drafter_service.models.config import DrafterConfig
+from drafter_service.models.extras import save_extras
 from drafter_service.training.regen import regenerate
 from drafter_service.training.train import TrainSettings, train_drafters
 from dspark import LLM, SamplingParams
@@ -38,33 +39,34 @@ class DrafterBuild:
 
 
 def drafter_configs(target_dir: Path, mask_token_id: int) -> dict[str, DrafterConfig]:
-    """The four drafters of the issue plus the Markov ablation (DSpark trained with rank 0)."""
+    """The four drafters of the issue plus the Markov ablation (DSpark trained with rank 0), each with
+    the target's shape and RoPE as DeepSpec's `build_draft_config` copies them."""
     t = AutoConfig.from_pretrained(target_dir)
     layers = t.num_hidden_layers
-    common = dict(
-        vocab_size=t.vocab_size,
-        hidden_size=t.hidden_size,
-        target_hidden_size=t.hidden_size,
-        num_attention_heads=t.num_attention_heads,
-        num_key_value_heads=t.num_key_value_heads,
-        head_dim=t.head_dim,
-        intermediate_size=t.intermediate_size,
-        rms_norm_eps=t.rms_norm_eps,
-        rope_theta=t.rope_parameters["rope_theta"],
-    )
     # Context fusion from shallow to deep, never the last layer (DSPARK.md §1).
-    fused = list(range(layers - 1))
     block = dict(
-        target_layer_ids=fused, mask_token_id=mask_token_id, num_draft_layers=2, block_size=GAMMA, **common
+        target_layer_ids=list(range(layers - 1)),
+        mask_token_id=mask_token_id,
+        num_hidden_layers=2,
+        block_size=GAMMA,
+        num_anchors=12,  # blocks trained per sequence per step
     )
+    dspark = dict(enable_confidence_head=True, **block)
     return {
-        "dspark": DrafterConfig("dspark", markov_rank=64, use_confidence_head=True, **block),
-        "dflash": DrafterConfig("dflash", **block),
-        "dspark_r0": DrafterConfig("dspark", markov_rank=0, use_confidence_head=True, **block),
-        "eagle3": DrafterConfig(
-            "eagle3", target_layer_ids=[0, layers // 2, layers - 2], block_size=GAMMA, ttt_steps=7, **common
+        "dspark": DrafterConfig.for_target(
+            t,
+            "dspark",
+            markov_rank=64,
+            markov_head_type="vanilla",
+            confidence_head_with_markov=True,
+            **dspark,
         ),
-        "mtp1": DrafterConfig("mtp1", target_layer_ids=[layers - 1], block_size=1, **common),
+        "dflash": DrafterConfig.for_target(t, "dflash", **block),
+        "dspark_r0": DrafterConfig.for_target(t, "dspark", markov_rank=0, **dspark),
+        "eagle3": DrafterConfig.for_target(
+            t, "eagle3", target_layer_ids=[0, layers // 2, layers - 2], ttt_length=GAMMA
+        ),
+        "mtp1": DrafterConfig.for_target(t, "mtp1", target_layer_ids=[layers - 1], ttt_length=1),
     }
 
 
@@ -77,17 +79,18 @@ def calibration_prompts(tokenizer, per_domain: int, length: int) -> list[str]:
 
 
 def calibrate(directory: Path, target_dir: Path, prompts: list[str], new_tokens: int) -> dict:
-    """Fit STS at each serving temperature on held-out rounds; store the temperatures in config.json."""
-    cfg = DrafterConfig.load(directory)
+    """Fit STS at each serving temperature on held-out rounds; write them beside the checkpoint in
+    SGLang's STS format (models/extras.py), the fit's report in the training provenance."""
+    cfg = read_config(directory)
     reports = {}
     for temperature in SERVING_TEMPERATURES:
         params = SamplingParams(temperature=temperature, max_tokens=new_tokens, ignore_eos=True, seed=0)
         log = run_rounds(str(target_dir), "dspark", prompts, params, GAMMA, drafter_model=str(directory))
         temps = fit_sts(*log.tensors())
-        cfg.calibration_temperatures[str(temperature)] = [round(t, 4) for t in temps]
+        cfg.sts_temperatures[temperature] = [round(t, 4) for t in temps]
         reports[str(temperature)] = calibration_report(*log.tensors(), temps)
     cfg.training["calibration_fit"] = reports
-    cfg.save(directory)
+    save_extras(directory, cfg.kind, cfg.training, cfg.sts_temperatures)
     return reports
 
 
@@ -113,7 +116,7 @@ def build_drafters(target_dir: Path, out: Path, build: DrafterBuild = DrafterBui
     for name in models:
         LLM(
             str(target_dir),
-            drafter=configs[name].architecture,
+            drafter=configs[name].kind,
             drafter_model=str(out / name),
             kv_cache_memory_mb=8,
         )

@@ -1,10 +1,14 @@
-"""The DSpark block drafter (DSPARK.md §1-2); with Markov rank 0 and no confidence head it is DFlash.
+"""The DSpark block drafter (DSPARK.md §1-2), DeepSpec's `Qwen3DSparkModel`; with no Markov head and no
+confidence head it is DFlash.
 
 After the target commits the anchor x0 at position s, the drafter reads [x0, MASK, ..., MASK] (gamma
 slots at positions s .. s+gamma-1) in one pass: each slot attends to the fused target features of
 every context position < s and to every slot of its own block. Slot j's output h_{j+1} gives base
-logits U_{j+1} for the token at position s+j+1. The Markov head then adds a rank-r bigram term
-B(x_{k-1}) left to right, so each slot sees the token actually chosen before it.
+logits U_{j+1} for the token at position s+j+1. The Markov head (markov.py) then adds its term left
+to right, so each slot sees the token actually chosen before it.
+
+Module names are DeepSpec's, so the state dict is DeepSpec's minus `embed_tokens` / `lm_head`: those
+are the target's own, shared and frozen (checkpoint.py writes copies of them, as DeepSpec does).
 """
 
 from __future__ import annotations
@@ -13,30 +17,45 @@ import torch
 from torch import nn
 
 from drafter_service.models.config import DrafterConfig
-from drafter_service.models.layers import DraftLayer, rope_cos_sin
+from drafter_service.models.layers import MLP, Attention, drafter_rotary, rope_cos_sin
+from drafter_service.models.markov import ConfidenceHead, MarkovHead
 from dspark.model import RMSNorm
+
+
+class BlockLayer(nn.Module):
+    """DeepSpec's `Qwen3DSparkDecoderLayer`: pre-norm attention over [context ; block], then the MLP."""
+
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, h, cos, sin, context_k, context_v, mask) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, context_k, context_v, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class BlockDrafter(nn.Module):
     def __init__(self, cfg: DrafterConfig, embed: nn.Embedding, lm_head: nn.Linear) -> None:
         super().__init__()
         self.cfg = cfg
-        d = cfg.hidden_size
-        self.fc = nn.Linear(len(cfg.target_layer_ids) * cfg.target_hidden_size, d, bias=False)
-        self.context_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.input_layernorms = nn.ModuleList(
-            RMSNorm(d, cfg.rms_norm_eps) for _ in range(cfg.num_draft_layers)
-        )
-        self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_draft_layers))
+        d, r = cfg.hidden_size, cfg.markov_rank
+        self.layers = nn.ModuleList(BlockLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(d, cfg.rms_norm_eps)
-        r = cfg.markov_rank
-        if r > 0:
-            self.markov_w1 = nn.Embedding(cfg.vocab_size, r)
-            self.markov_w2 = nn.Linear(r, cfg.vocab_size, bias=False)
-            nn.init.normal_(self.markov_w1.weight, std=0.02)
-            nn.init.zeros_(self.markov_w2.weight)  # starts as DFlash, learns the correction
-        if cfg.use_confidence_head:
-            self.confidence_head = nn.Linear(d + r, 1)
+        self.rotary_emb = drafter_rotary(cfg)  # inv_freq is not persistent: not in the state dict
+        self.fc = nn.Linear(len(cfg.target_layer_ids) * d, d, bias=False)
+        self.hidden_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.markov_head = MarkovHead(cfg.markov_head_type, cfg.vocab_size, r, d) if r > 0 else None
+        if self.markov_head is not None:
+            nn.init.normal_(self.markov_head.markov_w1.weight, std=0.02)
+            nn.init.zeros_(self.markov_head.markov_w2.weight)  # starts as DFlash, learns the correction
+        self.confidence_head = (
+            ConfidenceHead(d + (r if cfg.confidence_head_with_markov else 0))
+            if cfg.enable_confidence_head
+            else None
+        )
         # The target's embeddings and LM head, shared and frozen: kept out of parameters and state dict.
         self.__dict__["shared"] = (embed, lm_head)
 
@@ -52,15 +71,15 @@ class BlockDrafter(nn.Module):
     # ---- pieces used by both training and serving --------------------------------------------------
 
     def context_features(self, hidden: torch.Tensor) -> torch.Tensor:
-        """C_t = RMSNorm(W_fc . concat(H^{l1}_t ... H^{lk}_t))."""
-        return self.context_norm(self.fc(hidden))
+        """C_t = hidden_norm(fc . concat(H^{l1}_t ... H^{lk}_t))."""
+        return self.hidden_norm(self.fc(hidden))
 
     def context_kv(
         self, features: torch.Tensor, positions: torch.Tensor
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per draft layer, K/V of context features [B, N, d] at positions [B, N]: what serving caches."""
-        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, self.dtype)
-        return [layer.keys_values(features, cos, sin) for layer in self.layers]
+        cos, sin = rope_cos_sin(self.rotary_emb, positions, self.dtype)
+        return [layer.self_attn.keys_values(features, cos, sin) for layer in self.layers]
 
     def run_block(
         self,
@@ -72,22 +91,29 @@ class BlockDrafter(nn.Module):
         """Hidden states h of the block slots [B, Q, d], final norm applied."""
         embed, _ = self.shared
         h = embed(tokens)
-        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, self.dtype)
-        for norm, layer, (k, v) in zip(self.input_layernorms, self.layers, context):
-            h = layer(norm(h), h, cos, sin, k, v, mask)
+        cos, sin = rope_cos_sin(self.rotary_emb, positions, self.dtype)
+        for layer, (k, v) in zip(self.layers, context):
+            h = layer(h, cos, sin, k, v, mask)
         return self.norm(h)
 
     def base_logits(self, h: torch.Tensor) -> torch.Tensor:
         _, lm_head = self.shared
         return lm_head(h).float()
 
-    def markov_bias(self, prev_tokens: torch.Tensor) -> torch.Tensor | float:
-        """B(x_{k-1}) = W2 . W1[x_{k-1}]; 0 without a Markov head."""
-        if self.cfg.markov_rank == 0:
-            return 0.0
-        return self.markov_w2(self.markov_w1(prev_tokens)).float()
+    def markov_step(
+        self, prev: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None
+    ) -> tuple[torch.Tensor | float, torch.Tensor | None]:
+        """(Markov term added to slot k's logits, next state) from x_{k-1}, h_k and the head's state;
+        0 without a Markov head. Start each block with state None."""
+        if self.markov_head is None:
+            return 0.0, None
+        if state is None:
+            state = self.markov_head.initial_state(h)
+        z, state = self.markov_head.step(prev, h, state)
+        return self.markov_head.bias(z), state
 
-    def confidence_logit(self, h: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
-        """c^_k = w . concat(h_k, W1[x_{k-1}]) + b."""
-        parts = [h] if self.cfg.markov_rank == 0 else [h, self.markov_w1(prev_tokens)]
-        return self.confidence_head(torch.cat(parts, dim=-1)).squeeze(-1).float()
+    def confidence_logit(self, h: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        """c^_k = proj([h_k ; W1[x_{k-1}]]) + b, or proj(h_k) + b without the Markov input."""
+        if self.cfg.confidence_head_with_markov:
+            h = torch.cat([h, self.markov_head.markov_w1(prev)], dim=-1)
+        return self.confidence_head(h)

@@ -1,5 +1,6 @@
-"""The decoder layer all drafters are built from: Qwen3-style attention whose keys/values may come
-from elsewhere (the target's context features, or cached entries), then a SwiGLU MLP.
+"""Pieces every drafter is built from, named as DeepSpec names them (so state dicts map 1:1):
+Qwen3 attention whose keys/values may come from elsewhere (the target's context features, or cached
+entries), the SwiGLU MLP, and RoPE from the drafter's `rope_parameters` as transformers computes it.
 
 Shapes are batched and padded: x [B, Q, d_in], extra keys/values [B, K, Hkv, Dh], mask [B, Q, K + Q].
 """
@@ -11,23 +12,34 @@ import torch.nn.functional as F
 from torch import nn
 
 from drafter_service.models.config import DrafterConfig
-from dspark.model import RMSNorm, apply_rotary
+from dspark.checkpoint import rope_frequencies
+from dspark.errors import ModelLoadError
+from dspark.model import RMSNorm, Rotary, apply_rotary
 
 
-def rope_cos_sin(
-    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype = torch.float32
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin for any-shaped integer positions, shaped [..., head_dim], on the positions' device.
+def drafter_rotary(cfg: DrafterConfig) -> Rotary:
+    """The RoPE tables of `cfg.rope_parameters`, through the same transformers functions as the target's."""
+    from transformers import Qwen3Config
 
-    Computed in fp32 (angles of far positions lose their low bits in bf16) and only then cast to the
-    model's dtype, as the target does, so rotated q/k keep the dtype the attention runs in.
-    """
-    inv_freq = 1.0 / (
-        theta ** (torch.arange(0, head_dim, 2, dtype=torch.float, device=positions.device) / head_dim)
-    )
-    freqs = positions[..., None].float() * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    try:
+        hf = Qwen3Config(
+            hidden_size=cfg.hidden_size,
+            num_attention_heads=cfg.num_attention_heads,
+            num_key_value_heads=cfg.num_key_value_heads,
+            head_dim=cfg.head_dim,
+            max_position_embeddings=cfg.max_position_embeddings,
+            rope_parameters=dict(cfg.rope_parameters),
+        )
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ModelLoadError(f"rope_parameters {cfg.rope_parameters}: {exc}") from exc
+    with torch.device("cpu"):  # real tables even while the drafter is being built on the meta device
+        return Rotary(*rope_frequencies(hf))
+
+
+def rope_cos_sin(rotary: Rotary, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [..., head_dim] for any-shaped integer positions: fp32 math, then the model's dtype."""
+    cos, sin = rotary.cos_sin(positions.reshape(-1), dtype)
+    return cos.view(*positions.shape, -1), sin.view(*positions.shape, -1)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -36,7 +48,9 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return apply_rotary(flat, cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1])).view_as(x)
 
 
-class DraftLayer(nn.Module):
+class Attention(nn.Module):
+    """DeepSpec's `self_attn`: q/k/v/o projections (no bias) with per-head q/k RMSNorm before RoPE."""
+
     def __init__(self, cfg: DrafterConfig, input_size: int | None = None) -> None:
         super().__init__()
         d_in = input_size or cfg.hidden_size
@@ -47,10 +61,6 @@ class DraftLayer(nn.Module):
         self.o_proj = nn.Linear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def keys_values(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -62,8 +72,7 @@ class DraftLayer(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,  # [B, Q, d_in] this layer's (normalised) input
-        residual: torch.Tensor,  # [B, Q, d]
+        x: torch.Tensor,  # [B, Q, d_in] (normalised) input
         cos: torch.Tensor,
         sin: torch.Tensor,
         extra_k: torch.Tensor,  # [B, K, Hkv, Dh] keys the queries also see (context, cache)
@@ -78,9 +87,20 @@ class DraftLayer(nn.Module):
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), keys, values, attn_mask=mask[:, None], enable_gqa=True
         )
-        h = residual + self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
-        normed = self.post_attention_layernorm(h)
-        return h + self.down_proj(F.silu(self.gate_proj(normed)) * self.up_proj(normed))
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
+
+
+class MLP(nn.Module):
+    """DeepSpec's `mlp`: SiLU(gate) * up -> down, no bias."""
+
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 def pad_rows(tensors: list[torch.Tensor], length: int) -> torch.Tensor:

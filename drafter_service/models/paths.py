@@ -39,11 +39,11 @@ def open_drafter(
             f"shares are {shared.dtype} on {shared.device}"
         )
     try:
-        model = load_drafter(directory, embed, target.lm_head, dtype, shared.device)
-    except (FileNotFoundError, ValueError) as exc:
+        model = load_drafter(directory, embed, target.lm_head, dtype, shared.device, target.config)
+    except (ModelLoadError, OSError) as exc:
         raise ModelLoadError(f"cannot load drafter {name!r}: {exc}") from exc
-    if model.cfg.architecture != name:
-        raise ModelLoadError(f"{directory} holds a {model.cfg.architecture!r} drafter, not {name!r}")
+    if model.cfg.kind != name:
+        raise ModelLoadError(f"{directory} holds a {model.cfg.kind!r} drafter, not {name!r}")
     return model
 
 

@@ -34,9 +34,9 @@ class ARDraftRuntime:
         self.model = open_drafter(name, path, target_path, target, dtype, device)
         self.device = self.model.device
         cfg = self.model.cfg
-        self.name = cfg.architecture
+        self.name = cfg.kind
         self.target_layer_ids = tuple(cfg.target_layer_ids)
-        self.max_draft_tokens = min(cfg.block_size, num_speculative_tokens)
+        self.max_draft_tokens = min(cfg.draft_length, num_speculative_tokens)
         self.reports_confidence = False  # chain drafters have no confidence head
         self._features: dict[str, torch.Tensor] = {}  # g_t of committed positions
         self._kv: dict[str, list[torch.Tensor]] = {}  # K/V of entries 0 .. n-1, final once written

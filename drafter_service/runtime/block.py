@@ -2,7 +2,8 @@
 
 Per request it caches the draft layers' K/V of the context features of every committed position; each
 round it runs one block pass for all requests together, then walks the Markov head left to right,
-sampling each slot from q_k = softmax((U_k + B(x_{k-1})) / T) shaped like the target's p.
+sampling each slot from q_k = softmax((U_k + B_k) / T) shaped like the target's p, where the Markov
+term B_k depends on the token drawn just before (models/markov.py).
 
 It runs in the engine's dtype on its device: weights, cached K/V and every index tensor live there;
 logits, q and confidences are fp32, and proposals reach the engine on the CPU (dspark/drafter.py).
@@ -16,6 +17,7 @@ from drafter_service.models.layers import pad_rows
 from drafter_service.models.paths import open_drafter
 from drafter_service.runtime.host import to_host
 from dspark.drafter import DraftProposal, DraftRequest
+from dspark.errors import ModelLoadError
 from dspark.sampling import sample_rows
 
 
@@ -34,15 +36,21 @@ class BlockDraftRuntime:
         self.model = open_drafter(name, path, target_path, target, dtype, device)
         self.device = self.model.device
         cfg = self.model.cfg
-        self.name = cfg.architecture
+        self.name = cfg.kind
         self.target_layer_ids = tuple(cfg.target_layer_ids)
         self.block_size = cfg.block_size
         # DFlash has no confidence head: the load-aware scheduler then need not profile for it.
-        self.reports_confidence = cfg.use_confidence_head
+        self.reports_confidence = cfg.enable_confidence_head
         self.max_draft_tokens = min(cfg.block_size, num_speculative_tokens)
+        for t, temps in cfg.sts_temperatures.items():
+            if len(temps) != cfg.block_size:
+                raise ModelLoadError(
+                    f"drafter {name!r}: the STS temperatures for serving temperature {t} hold {len(temps)} "
+                    f"values, block_size is {cfg.block_size}"
+                )
         self.calibration = {
             float(t): torch.tensor(v, dtype=torch.float32, device=self.device)
-            for t, v in cfg.calibration_temperatures.items()
+            for t, v in cfg.sts_temperatures.items()
         }
         self._ctx: dict[str, list[list[torch.Tensor]]] = {}  # seq -> [per layer [k, v]]
         self._len: dict[str, int] = {}
@@ -118,11 +126,12 @@ class BlockDraftRuntime:
         token chosen just before it, and its q is exactly what that token was drawn from."""
         model = self.model
         steps = max(r.num_slots for r in requests)
-        prev = anchors
+        prev, state = anchors, None
         tokens, rows, conf = [], [], []
         for k in range(steps):
-            logits = base[:, k] + model.markov_bias(prev)
-            if model.cfg.use_confidence_head:
+            bias, state = model.markov_step(prev, h[:, k], state)
+            logits = base[:, k] + bias
+            if model.cfg.enable_confidence_head:
                 conf.append(model.confidence_logit(h[:, k], prev))
             active = [i for i, r in enumerate(requests) if k < r.num_slots]
             drawn, q = sample_rows(

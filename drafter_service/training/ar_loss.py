@@ -1,9 +1,9 @@
-"""Training loss of the autoregressive drafters: a training-time test (TTT) of `ttt_steps` steps.
+"""Training loss of the autoregressive drafters: a training-time test (TTT) of `ttt_length` steps.
 
 Step 1 pairs the target feature g_t with x_{t+1} at every position; step i replaces the feature with
 the drafter's own step-(i-1) output at t-1, exactly as a chain step does at serving time, and attends
 to step-1 entries up to t-i+1 plus the step-j entries at t-i+j (j = 2..i). Every step predicts x_{t+2};
-the soft cross-entropy against the target's distribution is weighted 0.8^(i-1).
+the soft cross-entropy against the target's distribution is weighted step_loss_decay^(i-1) (0.8).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def ar_loss(
     keys_k, keys_v = [], []
     feats = h = features
     total, weight_sum, metrics = 0.0, 0.0, {}
-    for step in range(1, cfg.ttt_steps + 1):
+    for step in range(1, cfg.ttt_length + 1):
         if step > 1:  # the feature at t is the drafter's own previous output at t-1
             feats = torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], dim=1)
         x, residual = model.entry(next_tokens, feats)
@@ -69,7 +69,7 @@ def ar_loss(
         logits = model.logits(h[valid])
         p_target = states.probs[rows[:, 0], rows[:, 1] + 1]
         soft_ce = -(p_target * logits.log_softmax(-1)).sum(-1).mean()
-        w = 0.8 ** (step - 1)
+        w = cfg.step_loss_decay ** (step - 1)
         total = total + w * soft_ce
         weight_sum += w
         metrics[f"ce{step}"] = soft_ce.item()

@@ -3,8 +3,9 @@
 Anchors are sampled in each sequence's answer; the gamma-slot blocks after all anchors of a sequence
 are packed into one pass with exact masks (a slot sees context positions before its anchor and the
 slots of its own block). Losses are means over valid slots weighted w_k = exp(-(k-1)/4):
-L_ce (teacher-forced x_{k-1} feeds the Markov head), L_1 = ||p_draft - p_target||_1 and L_conf, the
-BCE of the confidence logit against c* = clamp(1 - L_1 / 2, 0, 1), the exact acceptance probability.
+L_ce (teacher-forced x_{k-1} feeds the Markov head, whichever its type), L_1 = ||p_draft - p_target||_1
+and L_conf, the BCE of the confidence logit against c* = clamp(1 - L_1 / 2, 0, 1), the exact
+acceptance probability.
 DSpark: 0.1 L_ce + 0.9 L_1 + 1.0 L_conf. DFlash: L_ce only.
 """
 
@@ -95,7 +96,12 @@ def block_loss(
     h_v, prev_v, labels_v = h[v], packed.prev[v], packed.labels[v]
     slot_v = packed.slot[None].expand_as(v)[v]
     p_target = states.probs[torch.nonzero(v)[:, 0], packed.target_rows[v]]
-    logits = model.base_logits(h_v) + model.markov_bias(prev_v)
+    logits = model.base_logits(h_v)
+    if model.markov_head is not None:
+        # Block by block (the rnn head carries a state across a block's slots), teacher-forced.
+        blocks = (len(tokens), -1, cfg.block_size)
+        latents = model.markov_head.block_latents(packed.prev.view(blocks), h.view(*blocks, h.shape[-1]))
+        logits = logits + model.markov_head.bias(latents.flatten(1, 2)[v])
     weights = torch.exp(-slot_v.float() / 4)
     wsum = weights.sum()
     ce = (F.cross_entropy(logits, labels_v, reduction="none") * weights).sum() / wsum
@@ -103,10 +109,10 @@ def block_loss(
     l1_each = (p_draft - p_target).abs().sum(-1)
     l1 = (l1_each * weights).sum() / wsum
     metrics = {"ce": ce.item(), "l1": l1.item()}
-    if cfg.architecture == "dflash":
+    if cfg.kind == "dflash":
         return ce, metrics
     loss = 0.1 * ce + 0.9 * l1
-    if cfg.use_confidence_head:
+    if cfg.enable_confidence_head:
         c_star = (1 - 0.5 * l1_each).clamp(0, 1).detach()
         conf = model.confidence_logit(h_v, prev_v)
         l_conf = (F.binary_cross_entropy_with_logits(conf, c_star, reduction="none") * weights).sum() / wsum

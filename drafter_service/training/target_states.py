@@ -1,7 +1,8 @@
 """The frozen target's states for drafter training, computed on the fly (never cached to disk).
 
 Raw outputs of chosen decoder layers (forward hooks, so the last layer is also raw, exactly what the
-engine's taps give at serving time) and the target's next-token distributions at temperature 1.
+engine's taps give at serving time; -1 is the embedding output) and the target's next-token
+distributions at temperature 1.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ class FrozenTarget:
         self.layer_ids = sorted(layer_ids)
         self._captured: dict[int, torch.Tensor] = {}
         for i in self.layer_ids:
-            self.model.model.layers[i].register_forward_hook(self._hook(i))
+            # Layer -1 is the embedding output, as the engine's tap -1 (DeepSpec's convention).
+            module = self.model.model.embed_tokens if i == -1 else self.model.model.layers[i]
+            module.register_forward_hook(self._hook(i))
 
     def _hook(self, layer: int):
         def capture(_module, _inputs, output):

@@ -29,7 +29,6 @@ class TrainSettings:
     lr: float = 6e-4
     warmup_fraction: float = 0.04
     grad_clip: float = 1.0
-    anchors_per_seq: int = 12  # block drafters: blocks trained per sequence per step
     positions_per_seq: int = 48  # autoregressive drafters: loss positions per sequence per step
     # A 7-step training-time test costs ~7 forwards of the whole sequence: the autoregressive
     # drafters see this many sequences of each batch so their step costs what a block drafter's does.
@@ -88,7 +87,7 @@ def train_drafters(
                         lengths,
                         answer_starts,
                         states,
-                        settings.anchors_per_seq,
+                        model.cfg.num_anchors,  # blocks trained per sequence per step
                         generators[name],
                     )
                 else:

@@ -38,6 +38,6 @@ def stack(tmp_path_factory, qwen3_dir, tokenizer) -> Path:
     """The tiny random target with every learned drafter trained on its own text (a few seconds)."""
     target = tmp_path_factory.mktemp("stack") / "target"
     shutil.copytree(qwen3_dir, target)
-    configs = tiny_configs(len(tokenizer), 64, tokenizer.convert_tokens_to_ids("<|mask|>"))
+    configs = tiny_configs(target, tokenizer.convert_tokens_to_ids("<|mask|>"))
     train_tiny_stack(target, configs, len(tokenizer), tokenizer.eos_token_id)
     return target

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from transformers import AutoConfig
 
 from drafter_service.models.checkpoint import save_drafter
 from drafter_service.models.config import DrafterConfig
@@ -15,29 +16,24 @@ from dspark import LLM
 DRAFTERS = ("dspark", "dflash", "eagle3", "mtp1")
 
 
-def tiny_configs(vocab: int, hidden: int, mask_token_id: int, gamma: int = 4, layers: int = 3) -> dict:
-    common = dict(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        target_hidden_size=hidden,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=hidden // 4,
-        intermediate_size=2 * hidden,
-        block_size=gamma,
-    )
+def tiny_configs(target_dir: Path, mask_token_id: int, gamma: int = 4) -> dict:
+    """One drafter of each kind for the target in `target_dir`, its shape copied as DeepSpec copies it."""
+    t = AutoConfig.from_pretrained(target_dir)
+    last = t.num_hidden_layers - 1
+    block = dict(target_layer_ids=[0, 1], mask_token_id=mask_token_id, block_size=gamma, num_anchors=8)
     return {
-        "dspark": DrafterConfig(
+        "dspark": DrafterConfig.for_target(
+            t,
             "dspark",
-            target_layer_ids=[0, 1],
-            mask_token_id=mask_token_id,
             markov_rank=8,
-            use_confidence_head=True,
-            **common,
+            markov_head_type="vanilla",
+            enable_confidence_head=True,
+            confidence_head_with_markov=True,
+            **block,
         ),
-        "dflash": DrafterConfig("dflash", target_layer_ids=[0, 1], mask_token_id=mask_token_id, **common),
-        "eagle3": DrafterConfig("eagle3", target_layer_ids=[0, 1, layers - 1], ttt_steps=3, **common),
-        "mtp1": DrafterConfig("mtp1", target_layer_ids=[layers - 1], **{**common, "block_size": 1}),
+        "dflash": DrafterConfig.for_target(t, "dflash", **block),
+        "eagle3": DrafterConfig.for_target(t, "eagle3", target_layer_ids=sorted({0, 1, last}), ttt_length=3),
+        "mtp1": DrafterConfig.for_target(t, "mtp1", target_layer_ids=[last], ttt_length=1),
     }
 
 
@@ -56,7 +52,7 @@ def train_tiny_stack(
     data = answer_prompts(
         LLM(str(target_dir), num_kv_pages=256, kv_page_size=8), prompts, ["code"] * len(prompts), answer_len
     )
-    settings = TrainSettings(steps=steps, batch_size=4, anchors_per_seq=8, positions_per_seq=16)
+    settings = TrainSettings(steps=steps, batch_size=4, positions_per_seq=16)
     models = train_drafters(str(target_dir), configs, data, settings, pad_id=pad_id)
     for name, model in models.items():
         save_drafter(model, target_dir.parent / "drafters" / name)

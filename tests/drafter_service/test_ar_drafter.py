@@ -31,14 +31,17 @@ def test_ttt_loss_decreases_on_a_tiny_overfit_run():
         "eagle3",
         vocab_size=V,
         hidden_size=D,
-        target_hidden_size=D,
-        target_layer_ids=[0, 1, 2],
+        num_hidden_layers=1,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=8,
         intermediate_size=64,
-        block_size=4,
-        ttt_steps=4,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        max_position_embeddings=128,
+        num_target_layers=3,
+        target_layer_ids=[0, 1, 2],
+        ttt_length=4,
     )
     embed, head = nn.Embedding(V, D), nn.Linear(D, V, bias=False)
     embed.requires_grad_(False)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from torch import nn
@@ -14,35 +12,46 @@ from drafter_service.models.config import DrafterConfig
 from drafter_service.training.block_loss import block_loss, pack_blocks
 from drafter_service.training.target_states import TargetStates
 from dspark.drafter import DraftRequest
+from dspark.errors import ModelLoadError
 from dspark.sampling import probs_from_logits
 from dspark.sampling_params import SamplingParams
 
 V, D, GAMMA, MASK = 40, 32, 4, 1
 
 
-def make(rank: int = 8, conf: bool = True, seed: int = 0) -> BlockDrafter:
-    torch.manual_seed(seed)
-    cfg = DrafterConfig(
-        "dspark" if rank else "dflash",
+def tiny_config(rank: int = 8, conf: bool = True, head: str = "vanilla", **overrides) -> DrafterConfig:
+    fields = dict(
         vocab_size=V,
         hidden_size=D,
-        target_hidden_size=D,
-        target_layer_ids=[0, 1],
+        num_hidden_layers=1,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=8,
         intermediate_size=64,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        max_position_embeddings=128,
+        num_target_layers=3,
+        target_layer_ids=[0, 1],
         block_size=GAMMA,
         mask_token_id=MASK,
+        num_anchors=6,
         markov_rank=rank,
-        use_confidence_head=conf,
+        markov_head_type=head if rank else None,
+        enable_confidence_head=conf,
+        confidence_head_with_markov=conf and rank > 0,
     )
-    embed, head = nn.Embedding(V, D), nn.Linear(D, V, bias=False)
+    return DrafterConfig("dspark" if rank or conf else "dflash", **{**fields, **overrides})
+
+
+def make(rank: int = 8, conf: bool = True, seed: int = 0, head: str = "vanilla") -> BlockDrafter:
+    torch.manual_seed(seed)
+    embed, lm_head = nn.Embedding(V, D), nn.Linear(D, V, bias=False)
     embed.requires_grad_(False)
-    head.requires_grad_(False)
-    model = BlockDrafter(cfg, embed, head)
+    lm_head.requires_grad_(False)
+    model = BlockDrafter(tiny_config(rank, conf, head), embed, lm_head)
     if rank:
-        nn.init.normal_(model.markov_w2.weight, std=0.5)  # a visible Markov term from the start
+        nn.init.normal_(model.markov_head.markov_w2.weight, std=0.5)  # a visible Markov term from the start
     return model
 
 
@@ -94,10 +103,14 @@ def test_markov_term_follows_the_sampled_previous_token_and_is_q():
     mask = torch.ones(1, GAMMA, 6 + GAMMA, dtype=torch.bool)
     base = model.base_logits(model.run_block(tokens, 6 + torch.arange(GAMMA)[None], context, mask))[0]
     prev = 6
+
+    def bias(token):
+        return model.markov_head.bias(model.markov_head.markov_w1(torch.tensor(token)))
+
     for k, token in enumerate(proposal.token_ids):
-        q = probs_from_logits(base[k] + model.markov_bias(torch.tensor(prev)), params)
+        q = probs_from_logits(base[k] + bias(prev), params)
         torch.testing.assert_close(proposal.probs[k], q)
-        other = probs_from_logits(base[k] + model.markov_bias(torch.tensor((prev + 1) % V)), params)
+        other = probs_from_logits(base[k] + bias((prev + 1) % V), params)
         assert not torch.allclose(q, other)  # a different previous token really changes q
         prev = token
 
@@ -137,15 +150,23 @@ def test_dflash_cross_entropy_decreases():
 
 def test_checkpoint_round_trip(tmp_path):
     model = make()
+    model.cfg.sts_temperatures = {1.0: [1.5, 1.0, 0.5, 2.0]}
     save_drafter(model, tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "config.json",
+        "dspark_serve.json",
+        "model.safetensors",
+        "sts_temperature_1.0.json",
+    ]
     embed, head = model.shared
     loaded = load_drafter(tmp_path, embed, head)
     assert loaded.cfg == model.cfg
     for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
         assert torch.equal(a, b), name
-    with pytest.raises(ValueError, match="trained for vocab"):
+    with pytest.raises(ModelLoadError, match="trained for vocab"):
         load_drafter(tmp_path, nn.Embedding(V + 1, D), head)
+    with pytest.raises(ModelLoadError, match="embed_tokens.weight is not the target's"):
+        load_drafter(tmp_path, nn.Embedding(V, D), head)
 
 
 def test_checkpoint_loads_in_the_targets_dtype_and_computes_in_it(tmp_path):
@@ -178,29 +199,3 @@ def test_checkpoint_loads_in_the_targets_dtype_and_computes_in_it(tmp_path):
     assert reduced.dtype == torch.float32  # sampling math is fp32 whatever the weights
     # A handful of bf16 roundings (2^-8 relative each) through one layer; measured 0.5% of the scale.
     assert (reduced - full).abs().max() < 0.02 * full.abs().max()
-
-
-def test_config_in_deepspec_layout_loads(tmp_path):
-    deepspec = {
-        "model_type": "dspark",
-        "architectures": ["DSparkDrafter"],
-        "vocab_size": V,
-        "hidden_size": D,
-        "target_hidden_size": D,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 8,
-        "intermediate_size": 64,
-        "block_size": 7,
-        "target_layer_ids": [1, 3, 5, 7, 9],
-        "mask_token_id": 151669,
-        "markov_rank": 256,
-        "use_confidence_head": True,
-        "rope_theta": 1e6,
-        "torch_dtype": "bfloat16",
-    }
-    (tmp_path / "config.json").write_text(json.dumps(deepspec))
-    cfg = DrafterConfig.load(tmp_path)
-    assert (cfg.architecture, cfg.num_draft_layers, cfg.block_size, cfg.markov_rank) == ("dspark", 2, 7, 256)
-    assert cfg.target_layer_ids == [1, 3, 5, 7, 9] and cfg.mask_token_id == 151669

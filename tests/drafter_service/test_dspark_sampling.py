@@ -27,7 +27,7 @@ def small_stack(tmp_path_factory):
     target.mkdir()
     build_small_vocab_target(target)
     # No tokenizer at this vocabulary size: token 0 plays the reserved MASK.
-    configs = {"dspark": tiny_configs(VOCAB, 32, mask_token_id=0, gamma=3, layers=2)["dspark"]}
+    configs = {"dspark": tiny_configs(target, mask_token_id=0, gamma=3)["dspark"]}
     train_tiny_stack(target, configs, VOCAB, pad_id=0, steps=40, prompt_len=4, answer_len=12)
     return target
 

@@ -92,8 +92,11 @@ def load_drafter(
     device = torch.device(device) if device is not None else embed.weight.device
     # Built without storage, then given the checkpoint's tensors already cast and placed: no fp32
     # copy on the device, nothing left behind on the CPU.
-    with torch.device("meta"):
-        model = build_drafter(cfg, embed, lm_head)
+    try:
+        with torch.device("meta"):
+            model = build_drafter(cfg, embed, lm_head)
+    except ModelLoadError as exc:  # what only building shows (the RoPE tables)
+        raise ModelLoadError(f"drafter {directory}: {exc}") from None
     state = {}
     for file in files:
         try:

@@ -38,7 +38,7 @@ INHERITED = ("bos_token_id", "eos_token_id", "pad_token_id", "initializer_range"
 INERT = set(INHERITED) | {"model_type", "architectures", "transformers_version", "dtype", "torch_dtype",
     "tie_word_embeddings", "layer_types", "_name_or_path", "output_attentions", "output_hidden_states",
     "return_dict", "chunk_size_feed_forward", "is_encoder_decoder", "id2label", "label2id",
-    "problem_type", "target_model_name_or_path", "draft_num_hidden_layers"}  # fmt: skip
+    "problem_type"}  # fmt: skip
 # Fields that would change the math: only these values are implemented.
 ONLY = {"model_type": ("qwen3",), "attention_bias": (False,), "mlp_bias": (False,),
         "hidden_act": ("silu",), "use_sliding_window": (False,)}  # fmt: skip
@@ -199,8 +199,12 @@ class DrafterConfig:
         if "model_type" not in raw:
             raise ModelLoadError("config.json lacks model_type")
         known = set(_SHAPE) | set(_BLOCK if block else _CHAIN) | INERT | set(ONLY)
-        if block:
-            known |= {"confidence_head_with_markov", "markov_head_type"}
+        # Set only when they apply (DSpark), or provenance and a checked copy (EAGLE-3).
+        known |= (
+            {"confidence_head_with_markov", "markov_head_type"}
+            if block
+            else {"target_model_name_or_path", "draft_num_hidden_layers"}
+        )
         unknown = sorted(set(raw) - known)
         if unknown:
             raise ModelLoadError(

@@ -65,3 +65,18 @@ def test_taps_are_raw_layer_outputs(checkpoint):
     expected = torch.cat([states[1][0], states[2][0]], dim=-1)
     torch.testing.assert_close(result.hidden[0], expected, atol=1e-4, rtol=0)
     assert result.logits[0].shape == (1, cfg.vocab_size)
+
+
+@torch.no_grad()
+def test_tap_minus_one_is_the_embedding_output(checkpoint):
+    """DeepSpec's layer id -1: the embedding output (hidden_states[0]), in the order asked for."""
+    reference = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    runner, blocks, _ = make_runner(checkpoint)
+    tokens = list(range(3, 15))
+    blocks.reserve("a", len(tokens))
+    item = ForwardItem(tokens, 0, blocks.ensure("a", len(tokens)), logits_from=len(tokens) - 1)
+    result = runner.forward([item], tap_layers=(-1, 1))
+    states = reference(torch.tensor([tokens]), output_hidden_states=True).hidden_states
+    torch.testing.assert_close(
+        result.hidden[0], torch.cat([states[0][0], states[2][0]], -1), atol=1e-5, rtol=0
+    )

@@ -199,3 +199,10 @@ def test_checkpoint_loads_in_the_targets_dtype_and_computes_in_it(tmp_path):
     assert reduced.dtype == torch.float32  # sampling math is fp32 whatever the weights
     # A handful of bf16 roundings (2^-8 relative each) through one layer; measured 0.5% of the scale.
     assert (reduced - full).abs().max() < 0.02 * full.abs().max()
+
+
+@pytest.mark.parametrize("head", ["gated", "rnn"])
+def test_gated_and_rnn_heads_train(head):
+    """The DSpark recipe trains every Markov head DeepSpec defines (vanilla is the default)."""
+    first, last = _overfit(make(head=head), "l1")
+    assert last < 0.75 * first, (first, last)

@@ -107,8 +107,11 @@ def draft_config(
     return config
 
 
-def write_checkpoint(directory: Path, target_dir: Path, config: dict, seed: int = 0) -> Path:
-    """config.json and model.safetensors; embed_tokens / lm_head copied from the target's weights."""
+def write_checkpoint(
+    directory: Path, target_dir: Path, config: dict, seed: int = 0, dtype: torch.dtype = torch.float32
+) -> Path:
+    """config.json and model.safetensors in `dtype` (DeepSpec trains and saves in bfloat16);
+    embed_tokens / lm_head copied from the target's weights."""
     target = load_file(str(target_dir / "model.safetensors"))
     embed = target["model.embed_tokens.weight"]
     gen = torch.Generator().manual_seed(seed)
@@ -124,8 +127,8 @@ def write_checkpoint(directory: Path, target_dir: Path, config: dict, seed: int 
             scale = 0.5 if name.startswith("markov_head") else 0.3 / max(1.0, shape[-1] ** 0.5 / 8)
             tensors[name] = scale * torch.randn(shape, generator=gen)
     directory.mkdir(parents=True, exist_ok=True)
+    tensors = {name: t.to(dtype) for name, t in tensors.items()}
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
-    (directory / "config.json").write_text(
-        json.dumps({**config, "dtype": "float32"}, indent=2, sort_keys=True)
-    )
+    written = {**config, "dtype": str(dtype).removeprefix("torch.")}
+    (directory / "config.json").write_text(json.dumps(written, indent=2, sort_keys=True))
     return directory

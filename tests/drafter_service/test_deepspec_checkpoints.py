@@ -35,11 +35,11 @@ def target(qwen3_dir) -> CausalLM:
     return CausalLM.from_checkpoint(load_checkpoint(qwen3_dir, load_tokenizer=False))
 
 
-def fixture_dir(tmp_path, qwen3_dir, **overrides):
+def fixture_dir(tmp_path, qwen3_dir, dtype=torch.float32, **overrides):
     # Layer -1 (the embedding output) and a middle layer; a RoPE base (1e6) that is not the target's (1e4).
     args = dict(target_layer_ids=[-1, 1], block_size=GAMMA, mask_token_id=1, rope_theta=1e6) | overrides
     config = draft_config(qwen3_dir, **args)
-    return write_checkpoint(tmp_path / "deepspec_drafter", qwen3_dir, config), config
+    return write_checkpoint(tmp_path / "deepspec_drafter", qwen3_dir, config, dtype=dtype), config
 
 
 def propose(drafter, hidden, tokens, params, seed=0):
@@ -77,6 +77,26 @@ def test_deepspec_checkpoint_matches_the_reference(tmp_path, qwen3_dir, target, 
             assert proposal.confidence_logits is None and not drafter.reports_confidence
         else:
             torch.testing.assert_close(proposal.confidence_logits, conf.float(), atol=2e-5, rtol=1e-4)
+
+
+def test_a_bfloat16_checkpoint_beside_an_fp32_target(tmp_path, qwen3_dir, target):
+    """As DeepSpec saves them: bf16 weights (embed / lm_head copies rounded to bf16) load into the
+    fp32 target's dtype and compute what the reference computes from the same bf16 weights."""
+    directory, config = fixture_dir(tmp_path, qwen3_dir, dtype=torch.bfloat16, markov_head_type="rnn")
+    assert json.loads((directory / "config.json").read_text())["dtype"] == "bfloat16"
+    weights = load_file(str(directory / "model.safetensors"))
+    weights |= {  # the drafter computes with the target's own (fp32) embedding and LM head
+        "embed_tokens.weight": target.model.embed_tokens.weight.detach(),
+        "lm_head.weight": target.lm_head.weight.detach(),
+    }
+    hidden, tokens = inputs(config)
+    drafter = create_drafter("dspark", target=target, path=str(directory), num_speculative_tokens=GAMMA)
+    assert drafter.model.dtype == torch.float32
+    proposal = propose(drafter, hidden, tokens, SamplingParams(temperature=0))
+    h = block_states(weights, config, hidden, tokens[-1])
+    logits, conf = corrected_logits(weights, config, h, [tokens[-1]] + proposal.token_ids[:-1])
+    assert proposal.token_ids == logits.argmax(-1).tolist()
+    torch.testing.assert_close(proposal.confidence_logits, conf.float(), atol=2e-5, rtol=1e-4)
 
 
 def test_the_rope_base_of_rope_parameters_is_used(tmp_path, qwen3_dir, target):

@@ -64,7 +64,7 @@ def drafter_configs(target_dir: Path, mask_token_id: int) -> dict[str, DrafterCo
         "dflash": DrafterConfig.for_target(t, "dflash", **block),
         "dspark_r0": DrafterConfig.for_target(t, "dspark", markov_rank=0, **dspark),
         "eagle3": DrafterConfig.for_target(
-            t, "eagle3", target_layer_ids=[0, layers // 2, layers - 2], ttt_length=GAMMA
+            t, "eagle3", target_layer_ids=sorted({0, layers // 2, layers - 2}), ttt_length=GAMMA
         ),
         "mtp1": DrafterConfig.for_target(t, "mtp1", target_layer_ids=[layers - 1], ttt_length=1),
     }

@@ -109,3 +109,18 @@ def test_the_kind_must_match_the_drafter_asked_for(qwen3_dir, drafter_dir):
     (drafter_dir / "dspark_serve.json").write_text(json.dumps({"drafter": "eagle3"}))
     with pytest.raises(ModelLoadError, match="'eagle3' drafter cannot be a Qwen3DSparkModel"):
         load(qwen3_dir, drafter_dir)
+
+
+@pytest.mark.parametrize(
+    "body, named",
+    [
+        ({"temperatures": [1.0, 1.0]}, "hold 2 values, block_size is 4"),
+        ({"temperatures": [1.0, 0.0, 1.0, 1.0]}, "numbers > 0"),
+        ({"sts_temperatures": [1.0] * 4}, "'temperatures' must be"),
+    ],
+    ids=["length", "zero", "no_temperatures"],
+)
+def test_sts_files_that_cannot_apply_are_refused(qwen3_dir, drafter_dir, body, named):
+    (drafter_dir / "sts_temperature_1.0.json").write_text(json.dumps(body))
+    with pytest.raises(ModelLoadError, match=named):
+        load(qwen3_dir, drafter_dir)

@@ -185,62 +185,65 @@ class DrafterConfig:
     @classmethod
     def from_config_json(cls, raw: dict, kind: str | None = None) -> DrafterConfig:
         """Read config.json; `kind` (from our extras) tells MTP-1 from EAGLE-3, else it is derived."""
-        architectures = raw.get("architectures")
-        if architectures not in ([BLOCK_ARCHITECTURE], [CHAIN_ARCHITECTURE]):
-            raise ModelLoadError(
-                f"architectures {architectures!r} is not supported; supported: "
-                f"[{BLOCK_ARCHITECTURE!r}] (DSpark, DFlash), [{CHAIN_ARCHITECTURE!r}] (EAGLE-3) "
-                "(Gemma4 drafters are not)"
-            )
-        block = architectures == [BLOCK_ARCHITECTURE]
-        for name, allowed in ONLY.items():
-            if name in raw and raw[name] not in allowed:
-                raise ModelLoadError(f"{name} {raw[name]!r} is not supported (only {list(allowed)})")
-        if "model_type" not in raw:
-            raise ModelLoadError("config.json lacks model_type")
-        known = set(_SHAPE) | set(_BLOCK if block else _CHAIN) | INERT | set(ONLY)
-        # Set only when they apply (DSpark), or provenance and a checked copy (EAGLE-3).
-        known |= (
-            {"confidence_head_with_markov", "markov_head_type"}
-            if block
-            else {"target_model_name_or_path", "draft_num_hidden_layers"}
-        )
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise ModelLoadError(
-                f"config.json has fields this loader does not implement: {unknown} (refused rather than ignored)"
-            )
-        required = list(_SHAPE) + list(_BLOCK if block else _CHAIN) + ["layer_types"]
-        if block and raw.get("markov_rank", 0) > 0:
-            required.append("markov_head_type")
-        if block and raw.get("enable_confidence_head"):
-            required.append("confidence_head_with_markov")
-        missing = [name for name in required if name not in raw]
-        if missing:
-            raise ModelLoadError(f"config.json lacks {missing}")
-        if raw["layer_types"] != ["full_attention"] * raw["num_hidden_layers"]:
-            raise ModelLoadError(f"layer_types {raw['layer_types']} is not supported (full_attention only)")
-        if not block and raw.get("draft_num_hidden_layers", raw["num_hidden_layers"]) != raw["num_hidden_layers"]:
-            raise ModelLoadError("draft_num_hidden_layers differs from num_hidden_layers")
-        rope = raw["rope_parameters"]
-        if not isinstance(rope, dict) or "rope_type" not in rope or rope.get("rope_theta") is None:
-            raise ModelLoadError(f"rope_parameters {rope!r} must give rope_type and rope_theta")
+        block = _check_fields(raw)
         fields_ = {name: raw[name] for name in _SHAPE + (_BLOCK if block else _CHAIN)}
-        for name, value in fields_.items():
-            if not isinstance(value, _TYPES[name]) or (isinstance(value, bool) and _TYPES[name] is not bool):
-                raise ModelLoadError(f"{name} {value!r} must be of type {_TYPES[name]}")
         if block:
             if raw["enable_confidence_head"]:
-                if not isinstance(raw["confidence_head_with_markov"], bool):
-                    raise ModelLoadError("confidence_head_with_markov must be true or false")
                 fields_["confidence_head_with_markov"] = raw["confidence_head_with_markov"]
             if raw["markov_rank"] > 0:
                 fields_["markov_head_type"] = raw["markov_head_type"]
             plain = raw["markov_rank"] == 0 and not raw["enable_confidence_head"]
             kind = kind or ("dflash" if plain else "dspark")
-        else:
-            kind = kind or "eagle3"
-        if KINDS.get(kind) != architectures[0]:
-            raise ModelLoadError(f"a {kind!r} drafter cannot be a {architectures[0]}")
+        kind = kind or "eagle3"
+        if KINDS.get(kind) != raw["architectures"][0]:
+            raise ModelLoadError(f"a {kind!r} drafter cannot be a {raw['architectures'][0]}")
         inherited = {k: raw[k] for k in INHERITED if k in raw}
         return cls(kind, **fields_, inherited=inherited)
+
+
+def _check_fields(raw: dict) -> bool:
+    """Refuse, by name, what config.json lacks or what this loader does not implement; True for a
+    block drafter (Qwen3DSparkModel), False for a chain drafter (Qwen3Eagle3Model)."""
+    architectures = raw.get("architectures")
+    if architectures not in ([BLOCK_ARCHITECTURE], [CHAIN_ARCHITECTURE]):
+        raise ModelLoadError(
+            f"architectures {architectures!r} is not supported; supported: "
+            f"[{BLOCK_ARCHITECTURE!r}] (DSpark, DFlash), [{CHAIN_ARCHITECTURE!r}] (EAGLE-3) "
+            "(Gemma4 drafters are not)"
+        )
+    block = architectures == [BLOCK_ARCHITECTURE]
+    for name, allowed in ONLY.items():
+        if name in raw and raw[name] not in allowed:
+            raise ModelLoadError(f"{name} {raw[name]!r} is not supported (only {list(allowed)})")
+    own = _BLOCK if block else _CHAIN
+    # Set only when they apply (DSpark), or provenance and a checked copy (EAGLE-3).
+    optional = {"confidence_head_with_markov", "markov_head_type"} if block else {
+        "target_model_name_or_path", "draft_num_hidden_layers"}  # fmt: skip
+    unknown = sorted(set(raw) - set(_SHAPE) - set(own) - INERT - set(ONLY) - optional)
+    if unknown:
+        raise ModelLoadError(
+            f"config.json has fields this loader does not implement: {unknown} (refused rather than ignored)"
+        )
+    missing = [name for name in (*_SHAPE, *own, "model_type", "layer_types") if name not in raw]
+    if missing:
+        raise ModelLoadError(f"config.json lacks {missing}")
+    for name in _SHAPE + own:
+        value, expected = raw[name], _TYPES[name]
+        if not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool):
+            raise ModelLoadError(f"{name} {value!r} must be of type {expected}")
+    if raw["layer_types"] != ["full_attention"] * raw["num_hidden_layers"]:
+        raise ModelLoadError(f"layer_types {raw['layer_types']} is not supported (full_attention only)")
+    rope = raw["rope_parameters"]
+    if "rope_type" not in rope or rope.get("rope_theta") is None:
+        raise ModelLoadError(f"rope_parameters {rope!r} must give rope_type and rope_theta")
+    if block:
+        conditional = ["markov_head_type"] if raw["markov_rank"] > 0 else []
+        conditional += ["confidence_head_with_markov"] if raw["enable_confidence_head"] else []
+        missing = [name for name in conditional if name not in raw]
+        if missing:
+            raise ModelLoadError(f"config.json lacks {missing}")
+        if raw["enable_confidence_head"] and not isinstance(raw["confidence_head_with_markov"], bool):
+            raise ModelLoadError("confidence_head_with_markov must be true or false")
+    elif raw.get("draft_num_hidden_layers", raw["num_hidden_layers"]) != raw["num_hidden_layers"]:
+        raise ModelLoadError("draft_num_hidden_layers differs from num_hidden_layers")
+    return block

@@ -11,6 +11,7 @@ the copies are the target's. Checkpoints of this project's previous layout are c
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -53,16 +54,20 @@ def save_drafter(model: nn.Module, directory: str | Path) -> None:
 
 def read_config(directory: str | Path, target: ModelConfig | None = None) -> DrafterConfig:
     """The drafter's config (with our extras), either layout; `target` is needed for the old one."""
-    directory = Path(directory)
+    return _config_and_names(Path(directory), target)[0]
+
+
+def _config_and_names(directory: Path, target: ModelConfig | None) -> tuple[DrafterConfig, Callable[[str], str]]:
+    """The config, and how the checkpoint's tensor names map to ours (as they are, or the old layout's)."""
     raw = _read_json(directory / "config.json")
     if legacy.is_legacy(raw):
         if target is None:
             raise ModelLoadError(f"{directory} is in the previous layout: reading it needs the target")
-        return legacy.convert_legacy(raw, {}, target.num_layers, target.max_position_embeddings)[0]
+        return legacy.convert_config(raw, target.num_layers, target.max_position_embeddings), legacy.rename
     kind, training, sts = load_extras(directory)
     cfg = DrafterConfig.from_config_json(raw, kind)
     cfg.training, cfg.sts_temperatures = training, sts
-    return cfg
+    return cfg, lambda name: name
 
 
 def load_drafter(
@@ -82,9 +87,8 @@ def load_drafter(
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"drafter directory {str(directory)!r} has no *.safetensors weights (safetensors only)")
-    raw = _read_json(directory / "config.json")
     try:
-        cfg = read_config(directory, target)
+        cfg, rename = _config_and_names(directory, target)
     except ModelLoadError as exc:
         raise ModelLoadError(f"drafter {directory}: {exc}") from None
     _check_target(cfg, embed, target, directory)
@@ -105,11 +109,9 @@ def load_drafter(
                     if name in SHARED:
                         _check_shared(name, f.get_slice(name), model.shared[SHARED[name]].weight, directory)
                     else:
-                        state[name] = f.get_tensor(name)
+                        state[rename(name)] = f.get_tensor(name)
         except SafetensorError as exc:
             raise ModelLoadError(f"drafter {directory}: cannot read {file.name}: {exc}") from None
-    if legacy.is_legacy(raw):
-        state = legacy.convert_legacy(raw, state, target.num_layers, target.max_position_embeddings)[1]
     _check_names_and_shapes(model, state, directory)
     model.load_state_dict({k: t.to(device=device, dtype=dtype) for k, t in state.items()}, strict=True, assign=True)
     model.rotary_emb.to(device)  # fp32 tables, not in the state dict

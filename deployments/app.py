@@ -54,8 +54,8 @@ def build_app(args: dict | AppConfig) -> Application:
         **placement,
     ).bind(data)
     return Ingress.options(
-        **_replica_count(1, config.ingress_autoscaling_config),
-        # Streams wait on the replicas, not on this process: let it hold every replica's requests.
+        **_replica_count(config.num_ingress_replicas, config.ingress_autoscaling_config),
+        # Streams wait on the replicas, not on this process: let each hold every replica's requests.
         max_ongoing_requests=per_replica * config.max_replicas + 16,
         max_queued_requests=config.max_queued_requests,
         ray_actor_options={"num_cpus": config.ingress_num_cpus},

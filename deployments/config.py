@@ -20,13 +20,17 @@ class AppConfig(BaseModel):
     engine: dict = Field(default_factory=dict)
     tensor_parallel_size: int = Field(1, ge=1)
     num_replicas: int = Field(1, ge=1, description="target replicas; with autoscaling_config, Serve decides")
+    # The ingress holds no request state (Abort reaches every target replica), so it scales out freely.
+    num_ingress_replicas: int = Field(
+        2, ge=1, description="ingress replicas; with ingress_autoscaling_config, Serve decides"
+    )
     # Serve's autoscaling (ray.serve.config.AutoscalingConfig fields: min_replicas, max_replicas,
     # target_ongoing_requests, upscale_delay_s, downscale_delay_s, ...) for the target replicas and for
     # the ingress. Serve changes replica counts over tens of seconds; KubeRay's autoscaler then adds or
     # removes worker pods to fit them.
     autoscaling_config: dict | None = None
     ingress_autoscaling_config: dict | None = None
-    # Logical Ray resources per target shard (the replica is shard 0) and for the ingress.
+    # Logical Ray resources per target shard (the replica is shard 0) and per ingress replica.
     replica_num_cpus: float = Field(1.0, ge=0)
     ingress_num_cpus: float = Field(0.5, ge=0)
     # Custom Ray resources each target shard also needs, e.g. {"accelerator_type:H100": 0.001} to keep
@@ -34,7 +38,9 @@ class AppConfig(BaseModel):
     replica_resources: dict[str, float] = Field(default_factory=dict)
     torch_num_threads: int | None = Field(None, ge=1, description="per shard; default: torch's choice")
     max_ongoing_requests: int | None = Field(None, ge=1, description="per replica; default: max_num_seqs")
-    max_queued_requests: int = Field(256, ge=-1, description="ingress queue before 429; -1: unbounded")
+    max_queued_requests: int = Field(
+        256, ge=-1, description="per ingress replica, queued before 429; -1: unbounded"
+    )
     max_request_bytes: int = Field(1 << 20, ge=1024)
     api_keys: list[str] = Field(default_factory=list, description="bearer tokens accepted; empty: open")
     # Tokens kept out of the config itself: a file with one per line (a mounted Kubernetes Secret),
@@ -76,6 +82,10 @@ class AppConfig(BaseModel):
             raise ValueError(
                 "num_replicas: autoscaling_config decides the replica count; leave num_replicas unset"
             )
+        if self.ingress_autoscaling_config is not None and "num_ingress_replicas" in self.model_fields_set:
+            raise ValueError(
+                "num_ingress_replicas: ingress_autoscaling_config decides the ingress count; leave it unset"
+            )
         return self
 
     @model_validator(mode="after")
@@ -97,6 +107,13 @@ class AppConfig(BaseModel):
         if self.autoscaling_config is None:
             return self.num_replicas
         return AutoscalingConfig(**self.autoscaling_config).max_replicas
+
+    @property
+    def max_ingress_replicas(self) -> int:
+        """The most ingress replicas this app runs at once."""
+        if self.ingress_autoscaling_config is None:
+            return self.num_ingress_replicas
+        return AutoscalingConfig(**self.ingress_autoscaling_config).max_replicas
 
     def accepted_api_keys(self) -> list[str]:
         """`api_keys` plus the tokens in `api_keys_file` (read now: call once, at start)."""

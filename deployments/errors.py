@@ -49,10 +49,6 @@ _PLAIN = {
 }
 
 
-class DuplicateRequestError(DSparkError):
-    """A request with this id is already running (409 / ALREADY_EXISTS): a retry must not run it twice."""
-
-
 class NotFoundError(DSparkError):
     """No such thing (404 / NOT_FOUND): e.g. a health check for a service this server does not run."""
 
@@ -71,7 +67,7 @@ class ErrorInfo:
     retry_after_s: float | None = None
 
     def openai_body(self) -> dict:
-        code = {400: "invalid_request", 401: "invalid_api_key", 409: "duplicate_request", 429: "overloaded"}
+        code = {400: "invalid_request", 401: "invalid_api_key", 429: "overloaded"}
         return {
             "error": {
                 "message": self.message,
@@ -171,8 +167,6 @@ def classify(exc: BaseException) -> ErrorInfo:
         return ErrorInfo(
             429, grpc.StatusCode.RESOURCE_EXHAUSTED, "overloaded_error", exc.message, retry_after_s=1.0
         )
-    if isinstance(exc, DuplicateRequestError):
-        return ErrorInfo(409, grpc.StatusCode.ALREADY_EXISTS, "invalid_request_error", str(exc), "request_id")
     if isinstance(exc, NotFoundError):
         return ErrorInfo(404, grpc.StatusCode.NOT_FOUND, "not_found_error", str(exc))
     if isinstance(exc, UnauthorizedError):

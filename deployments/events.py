@@ -35,6 +35,15 @@ class StreamEvent:
             out.speculation,
         )
 
+    @staticmethod
+    def before_any(request_id: str, prompt_tokens: int) -> StreamEvent:
+        """What a request has produced before its first step: nothing."""
+        return StreamEvent(request_id, "", (), False, None, prompt_tokens, 0, SpeculationStats(0, 0, 0, 0.0))
+
+    def aborted(self) -> StreamEvent:
+        """The last event of a stream aborted after this one: no new tokens, this event's totals."""
+        return replace(self, text="", token_ids=(), finished=True, finish_reason="abort")
+
     def then(self, later: StreamEvent) -> StreamEvent:
         """This event and a later one of the same request as one event."""
         return replace(later, text=self.text + later.text, token_ids=self.token_ids + later.token_ids)

@@ -1,22 +1,30 @@
 """What the HTTP and gRPC surfaces share: auth, model check, prompt rendering and tokenization,
-context-length checks, and the table of in-flight requests (for Abort and duplicate ids).
+context-length checks, and Abort.
 
 A request reaches a target replica only once it is valid; the first event is awaited before a
 response starts, so refusals (400/429) are statuses, never half-sent streams.
+
+The ingress runs as several replicas and keeps no request state of its own: Abort asks every target
+replica (deployments/running.py), so it finds a request whichever ingress admitted it, and a
+request_id reused across ingresses runs twice, harmlessly, rather than colliding. Chat templating and
+tokenization of bodies up to max_request_bytes run on a small thread pool, never on the event loop
+that carries every other stream of this ingress.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from jinja2 import TemplateError
 
 from deployments.config import AppConfig
-from deployments.errors import DuplicateRequestError, UnauthorizedError
+from deployments.errors import UnauthorizedError
 from deployments.events import StreamEvent
 from deployments.validation import GenerationRequest, Limits
 from dspark.errors import InvalidRequestError
@@ -26,6 +34,9 @@ FALLBACK_CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
+# Prompts tokenized at once; more wait their turn. HF fast tokenizers release the GIL while encoding.
+TOKENIZER_THREADS = 4
+ABORT_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -36,10 +47,9 @@ class Stream:
     prompt_tokens: int
     first: StreamEvent
     _source: object  # DeploymentResponseGenerator
-    _frontend: Frontend
 
     async def events(self) -> AsyncIterator[StreamEvent]:
-        last, finished = self.first, self.first.finished
+        finished = self.first.finished
         try:
             yield self.first
             while not finished:
@@ -47,19 +57,11 @@ class Stream:
                     event = await self._source.__anext__()
                 except StopAsyncIteration:
                     return
-                except Exception:
-                    if self.request_id not in self._frontend.aborted:
-                        raise
-                    # Aborted through Abort: end the stream the way the engine ends an aborted request.
-                    yield replace(last, text="", token_ids=(), finished=True, finish_reason="abort")
-                    return
-                last, finished = event, event.finished
+                finished = event.finished
                 yield event
         finally:
             if not finished:
                 self._source.cancel()  # the client left: the replica aborts and frees the KV blocks
-            self._frontend.inflight.pop(self.request_id, None)
-            self._frontend.aborted.discard(self.request_id)
 
 
 class Frontend:
@@ -73,8 +75,7 @@ class Frontend:
         self.model_name = config.model_name
         self.created = int(time.time())
         self.tokenizer = AutoTokenizer.from_pretrained(config.engine_config().model, trust_remote_code=False)
-        self.inflight: dict[str, object] = {}
-        self.aborted: set[str] = set()
+        self._tokenize_pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="tokenize")
         self._info: dict | None = None
 
     async def model_info(self) -> dict:
@@ -97,8 +98,30 @@ class Frontend:
             raise InvalidRequestError(
                 "model", f"unknown model {req.model!r}; this server serves {self.model_name!r}"
             )
-        ids = self._token_ids(req)
         info = await self.model_info()
+        loop = asyncio.get_running_loop()
+        ids = await loop.run_in_executor(self._tokenize_pool, self.prompt_ids, req, info)
+        rid = req.request_id or uuid.uuid4().hex
+        source = self.replica.options(stream=True).generate.remote(ids, req.params, rid)
+        try:
+            first = await source.__anext__()
+        except BaseException:
+            source.cancel()
+            raise
+        return Stream(rid, len(ids), first, source)
+
+    async def abort(self, request_id: str) -> bool:
+        """Stop every running request with this id, whichever ingress admitted it: each target replica
+        ends its own (Ray Serve's broadcast reaches every replica, not one picked by the router)."""
+        counts = await self.replica.broadcast("abort", request_id).results_async(
+            timeout_s=ABORT_TIMEOUT_S, return_exceptions=True
+        )
+        # A replica that died meanwhile runs nothing any more: its error counts as nothing aborted.
+        return any(isinstance(n, int) and n > 0 for n in counts)
+
+    def prompt_ids(self, req: GenerationRequest, info: dict) -> list[int]:
+        """The prompt as token ids, checked against the model's context and vocabulary (thread-safe)."""
+        ids = self._token_ids(req)
         limit = info["max_model_len"]
         field = req.prompt_field
         if not ids:
@@ -115,26 +138,7 @@ class Frontend:
             )
         if bad := [t for t in ids if not 0 <= t < info["vocab_size"]]:
             raise InvalidRequestError(field, f"token ids must be in [0, {info['vocab_size']}), got {bad[0]}")
-        rid = req.request_id or uuid.uuid4().hex
-        if rid in self.inflight:
-            raise DuplicateRequestError(f"request_id: {rid!r} is already running")
-        source = self.replica.options(stream=True).generate.remote(ids, req.params, rid)
-        self.inflight[rid] = source
-        try:
-            first = await source.__anext__()
-        except BaseException:
-            self.inflight.pop(rid, None)
-            source.cancel()
-            raise
-        return Stream(rid, len(ids), first, source, self)
-
-    def abort(self, request_id: str) -> bool:
-        source = self.inflight.get(request_id)
-        if source is None or request_id in self.aborted:
-            return False
-        self.aborted.add(request_id)
-        source.cancel()
-        return True
+        return ids
 
     def _token_ids(self, req: GenerationRequest) -> list[int]:
         if req.prompt_token_ids is not None:

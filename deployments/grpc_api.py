@@ -79,7 +79,7 @@ class GrpcService:
             self.authorize(_metadata(grpc_context).get("authorization"))
             if not request.request_id:
                 raise InvalidRequestError("request_id", "must not be empty")
-            return pb.AbortResponse(aborted=self.abort(request.request_id))
+            return pb.AbortResponse(aborted=await self.abort(request.request_id))
         except Exception as exc:
             raise _fail(grpc_context, exc) from None
 

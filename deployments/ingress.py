@@ -1,7 +1,8 @@
 """Ingress: the application's entry deployment, serving OpenAI HTTP and the gRPC services at once.
 
 HTTP routes live in deployments/http_api.py, RPC methods in deployments/grpc_api.py; both use the
-Frontend this class is, which forwards admitted requests to the TargetReplica deployment.
+Frontend this class is, which forwards admitted requests to the TargetReplica deployment. It runs as
+`num_ingress_replicas` replicas behind Ray Serve's proxies and keeps no request state of its own.
 """
 
 from __future__ import annotations

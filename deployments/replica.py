@@ -17,7 +17,7 @@ from contextlib import aclosing
 import torch
 from ray import serve
 
-from deployments import replica_state
+from deployments import replica_state, running
 from deployments.config import AppConfig
 from deployments.events import StreamEvent
 from deployments.tensor_parallel import KEEPALIVE_PERIOD_S
@@ -53,45 +53,61 @@ class TargetReplica:
         self.stats_timeout_s = CALL_TIMEOUT_S
         self._pending_snapshot: asyncio.Future | None = None  # at most one stats call queued at a time
         self._keepalive: asyncio.Task | None = None
+        self._running = running.RunningRequests()
 
     async def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
     ) -> AsyncIterator[StreamEvent]:
-        """Stream one request; cancelling this call (client gone, Abort) aborts it and frees its KV blocks.
+        """Stream one request; cancelling this call (client gone) or `abort(request_id)` aborts it and
+        frees its KV blocks. `request_id` is the client's label (deployments/running.py).
 
         Each message costs a hop through Ray, so whatever the engine produced while the previous
         message was in flight is sent as one merged event rather than one per step.
         """
         self._ensure_keepalive()
         pending: asyncio.Queue = asyncio.Queue()
+        engine_id = running.engine_request_id(request_id)
 
         async def pump() -> None:
             try:
-                async with aclosing(self.engine.generate(prompt_token_ids, params, request_id)) as outputs:
+                async with aclosing(self.engine.generate(prompt_token_ids, params, engine_id)) as outputs:
                     async for out in outputs:
                         pending.put_nowait(StreamEvent.of(out))
             except Exception as exc:  # admission refusals, engine shutdown: re-raised to the caller below
                 pending.put_nowait(exc)
 
         task = asyncio.get_running_loop().create_task(pump())
-        held = None  # an error that arrived behind tokens: raised after they are sent
+        held = None  # an error or an abort that arrived behind tokens: acted on after they are sent
+        last = StreamEvent.before_any(engine_id, len(prompt_token_ids))
+        self._running.add(request_id, pending)
         try:
             while True:
                 event, held = (held, None) if held is not None else (await pending.get(), None)
                 while isinstance(event, StreamEvent) and not event.finished and not pending.empty():
                     nxt = pending.get_nowait()
-                    if isinstance(nxt, Exception):
+                    if not isinstance(nxt, StreamEvent):
                         held = nxt
                         break
                     event = event.then(nxt)
+                if event is running.ABORTED:
+                    yield last.aborted()
+                    return
                 if isinstance(event, Exception):
                     raise event
                 yield event
+                last = event
                 if event.finished:
                     return
         finally:
+            self._running.discard(request_id, pending)
             task.cancel()  # closes the engine stream, which aborts an unfinished request
             await asyncio.gather(task, return_exceptions=True)
+
+    async def abort(self, request_id: str) -> int:
+        """End every request running here under this client id (Abort fans out to every replica).
+
+        Async so it runs on the event loop that owns the requests' queues, never on a worker thread."""
+        return self._running.abort(request_id)
 
     def model_info(self) -> dict:
         engine = self.engine.engine

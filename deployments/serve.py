@@ -70,7 +70,8 @@ def check_resources(apps: list[dict], cpus: float) -> None:
     need = 0.0
     for app in apps:
         c = AppConfig(**app["args"])
-        need += c.max_replicas * c.tensor_parallel_size * c.replica_num_cpus + c.ingress_num_cpus
+        need += c.max_replicas * c.tensor_parallel_size * c.replica_num_cpus
+        need += c.max_ingress_replicas * c.ingress_num_cpus
     if need > cpus + 1e-9:
         raise SystemExit(
             f"[serve] the config asks for {need:g} logical CPUs but this Ray has {cpus:g}: lower "

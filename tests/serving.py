@@ -1,7 +1,9 @@
-"""A real Ray Serve stack for the serving tests, started once per session and shared by tests/deployments
-and tests/sdk (each conftest imports `serve_stack`; the last user shuts Ray down).
+"""A real Ray Serve stack for the serving tests, started once per session and shared by tests/deployments,
+tests/sdk and tests/docs (each conftest imports `serve_stack`; the last user shuts Ray down).
 
 Small on purpose: 2 logical CPUs, a small object store, no dashboard; replicas use one torch thread.
+It runs two ingress replicas (what Abort and duplicate ids are tested across) and serves the tiny
+test checkpoint under the name "target", the name the demo stack and the README's examples use.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 APP = "dspark"
+MODEL_NAME = "target"
+INGRESS_REPLICAS = 2
 # Shared by the offline comparisons: the engine options every served replica uses.
 ENGINE = {
     "drafter": "ngram",
@@ -60,8 +64,10 @@ def wait_until(predicate, timeout_s: float = 60.0, interval_s: float = 0.1, what
 def app_args(model_dir: Path, **overrides) -> dict:
     return {
         "model": str(model_dir),
+        "served_model_name": MODEL_NAME,
         "engine": dict(ENGINE),
         "num_replicas": 2,
+        "num_ingress_replicas": 1,  # the extra apps some tests deploy stay light; the shared one has 2
         "replica_num_cpus": 0.25,
         "ingress_num_cpus": 0.25,
         "torch_num_threads": 1,
@@ -91,8 +97,10 @@ def _start(model_dir: Path, http_port: int | None = None, grpc_port: int | None 
         http_options={"host": "127.0.0.1", "port": http_port},
         grpc_options={"port": grpc_port, "grpc_servicer_functions": GRPC_SERVICERS},
     )
-    serve.run(build_app(app_args(model_dir)), name=APP, route_prefix="/")
-    return Stack(f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", model_dir, model_dir.name)
+    serve.run(
+        build_app(app_args(model_dir, num_ingress_replicas=INGRESS_REPLICAS)), name=APP, route_prefix="/"
+    )
+    return Stack(f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", model_dir, MODEL_NAME)
 
 
 def _start_with_retry(model_dir: Path, attempts: int = 2, **ports) -> Stack:
@@ -182,3 +190,30 @@ def ray_released():
         _state["stack"] = _start_with_retry(
             stack.model_dir, http_port=port(stack.http_url), grpc_port=port(stack.grpc_target)
         )
+
+
+def call_on_replica(actor_name: str, method: str, *args, stream: bool = False):
+    """Call `method` of one chosen Serve replica, past the router that would pick one itself.
+
+    Test-only, through Serve's private actor entry points (`handle_request[_streaming]` with a pickled
+    RequestMetadata, as Serve's own handles send): the way to make two calls land on two known
+    ingress replicas. Returns an ObjectRef, or an ObjectRefGenerator when `stream`.
+    """
+    import pickle
+    import uuid
+
+    import ray
+    from ray.serve._private.common import RequestMetadata
+
+    from deployments.replicas import SERVE_NAMESPACE
+
+    rid = uuid.uuid4().hex
+    meta = RequestMetadata(
+        request_id=rid, internal_request_id=rid, call_method=method, app_name=APP, is_streaming=stream
+    )
+    actor = ray.get_actor(actor_name, namespace=SERVE_NAMESPACE)
+    if stream:
+        return actor.handle_request_streaming.options(num_returns="streaming").remote(
+            pickle.dumps(meta), *args
+        )
+    return actor.handle_request.remote(pickle.dumps(meta), *args)

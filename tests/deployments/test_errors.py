@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ray.exceptions import RayTaskError
 from ray.serve.exceptions import BackPressureError
 
-from deployments.errors import DuplicateRequestError, classify, describe, field_path, invalid_request
+from deployments.errors import classify, describe, field_path, invalid_request
 from dspark.errors import AdmissionError, EngineDeadError, InvalidRequestError, RequestFailedError
 
 
@@ -25,7 +25,6 @@ from dspark.errors import AdmissionError, EngineDeadError, InvalidRequestError, 
             429,
             grpc.StatusCode.RESOURCE_EXHAUSTED,
         ),
-        (DuplicateRequestError("request_id: 'a' is already running"), 409, grpc.StatusCode.ALREADY_EXISTS),
         (EngineDeadError("shut down"), 503, grpc.StatusCode.UNAVAILABLE),
         (asyncio.CancelledError(), 499, grpc.StatusCode.CANCELLED),
         (KeyError("surprise"), 500, grpc.StatusCode.INTERNAL),

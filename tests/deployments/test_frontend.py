@@ -1,4 +1,4 @@
-"""The ingress core without Ray: auth, model and context checks, duplicate ids, Abort's stream ending."""
+"""The ingress core without Ray: auth, model and context checks, reused ids, Abort's fan-out."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from deployments.config import AppConfig
-from deployments.errors import DuplicateRequestError, UnauthorizedError
+from deployments.errors import UnauthorizedError
 from deployments.events import StreamEvent
 from deployments.frontend import Frontend
 from deployments.validation import Limits, chat_request, completion_request
@@ -45,9 +45,22 @@ class FakeSource:
         self.cancelled = True
 
 
+class FakeBroadcast:
+    def __init__(self, results: list) -> None:
+        self.results = results
+
+    async def results_async(self, timeout_s=None, return_exceptions=False):
+        return self.results
+
+
 class FakeReplica:
-    def __init__(self, n: int = 3) -> None:
-        self.n, self.sources = n, []
+    def __init__(self, n: int = 3, abort_results: list | None = None) -> None:
+        self.n, self.sources, self.broadcasts = n, [], []
+        self.abort_results = abort_results or [0, 0]
+
+    def broadcast(self, method: str, *args):
+        self.broadcasts.append((method, *args))
+        return FakeBroadcast(self.abort_results)
 
     def options(self, **_):
         return self
@@ -129,22 +142,27 @@ def test_a_chat_template_refusal_is_a_bad_request(qwen3_dir):
     assert err.value.field == "messages" and "roles must alternate" in err.value.message
 
 
-def test_stream_then_duplicate_then_abort(qwen3_dir):
-    fe = frontend(qwen3_dir, n=5)
+def test_a_reused_request_id_opens_a_second_stream(qwen3_dir):
+    fe = frontend(qwen3_dir, n=2)
 
     async def run():
-        stream = await fe.open(request(request_id="r"))
-        with pytest.raises(DuplicateRequestError):
-            await fe.open(request(request_id="r"))
-        events = stream.events()
-        first = await events.__anext__()
-        assert fe.abort("r") and not fe.abort("r")
-        rest = [e async for e in events]
-        return first, rest
+        one = await fe.open(request(request_id="r"))
+        two = await fe.open(request(request_id="r", prompt="import os"))
+        return [e async for e in one.events()], [e async for e in two.events()], one, two
 
-    first, rest = asyncio.run(run())
-    assert first.text == "t0" and rest[-1].finish_reason == "abort" and rest[-1].completion_tokens == 1
-    assert fe.inflight == {} and fe.aborted == set()
+    first, second, one, two = asyncio.run(run())
+    assert one.request_id == two.request_id == "r" and len(fe.replica.sources) == 2
+    assert [e.text for e in first] == [e.text for e in second] == ["t0", "t1"]
+
+
+@pytest.mark.parametrize(
+    "results, aborted",
+    [([0, 1], True), ([2, 0], True), ([0, 0], False), ([RuntimeError("replica died"), 0], False)],
+)
+def test_abort_asks_every_target_replica(qwen3_dir, results, aborted):
+    fe = Frontend(FakeReplica(abort_results=results), AppConfig(model=str(qwen3_dir)))
+    assert asyncio.run(fe.abort("r")) is aborted
+    assert fe.replica.broadcasts == [("abort", "r")]
 
 
 def test_finished_stream_leaves_nothing_behind(qwen3_dir):
@@ -156,4 +174,17 @@ def test_finished_stream_leaves_nothing_behind(qwen3_dir):
 
     events = asyncio.run(run())
     assert [e.text for e in events] == ["t0", "t1", "t2"] and events[-1].finished
-    assert fe.inflight == {} and not fe.replica.sources[0].cancelled
+    assert not fe.replica.sources[0].cancelled
+
+
+def test_a_stream_left_early_cancels_its_source(qwen3_dir):
+    fe = frontend(qwen3_dir, n=5)
+
+    async def run():
+        stream = await fe.open(request())
+        events = stream.events()
+        await events.__anext__()
+        await events.aclose()  # the client went away after the first event
+
+    asyncio.run(run())
+    assert fe.replica.sources[0].cancelled

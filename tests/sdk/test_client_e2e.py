@@ -71,14 +71,20 @@ def test_invalid_argument_is_typed_with_the_field(client):
     assert err.value.field == "max_tokens"
 
 
-def test_duplicate_running_request_id_is_refused(client):
-    stream = client.stream(PROMPT, request_id="dup-1", **LONG)
-    next(stream)
-    with pytest.raises(dspark_client.AlreadyExistsError) as err:
-        client.generate(PROMPT, request_id="dup-1", max_tokens=4)
-    assert err.value.field == "request_id"
-    stream.cancel()
-    wait_until(replicas_idle, timeout_s=30, what="the cancelled stream to be aborted")
+def test_a_reused_request_id_runs_apart_and_abort_stops_both(client):
+    # A request_id labels requests rather than keying them: reusing one is harmless, and Abort
+    # reaches every request under it, whichever ingress and replica each landed on.
+    one = client.stream(PROMPT, request_id="dup-1", **LONG)
+    two = client.stream("import os\n", request_id="dup-1", **LONG)
+    firsts = [next(one), next(two)]
+    assert client.abort("dup-1") is True
+    for stream, first in zip((one, two), firsts):
+        rest = list(stream)
+        assert stream.completion.finish_reason == "abort"
+        received = len(first.token_ids) + sum(len(d.token_ids) for d in rest)
+        assert stream.completion.usage.completion_tokens == received
+    assert client.abort("dup-1") is False
+    wait_until(replicas_idle, timeout_s=30, what="both aborted requests to be freed")
 
 
 def test_model_info_loads_health(client, serve_stack):

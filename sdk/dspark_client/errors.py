@@ -53,7 +53,7 @@ class CancelledError(DSparkClientError):
 
 
 class AlreadyExistsError(DSparkClientError):
-    """A request with this request_id is already running."""
+    """ALREADY_EXISTS. dspark-serve itself never answers it: a reused request_id runs apart."""
 
 
 class NotFoundError(DSparkClientError):

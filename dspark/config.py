@@ -10,7 +10,7 @@ from dspark.draft_budget import DraftBudget
 from dspark.errors import InvalidRequestError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# How many drafted tokens are verified (DSPARK.md §5): dspark = Algorithm 1 with the early stop,
+# How many drafted tokens are verified (docs/ALGORITHM.md §7-§8): dspark = Algorithm 1 with the early stop,
 # pipelined = capacity from two rounds back; baselines: fixed gamma, static confidence threshold,
 # mtp1 (one drafted token, verify window 2), plain (no drafting).
 SCHEDULERS = ("dspark", "pipelined", "fixed", "threshold", "mtp1", "plain")

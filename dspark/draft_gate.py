@@ -2,10 +2,10 @@
 
 Algorithm 1 weighs only the target's verify cost, which is right for choosing verify lengths: once a
 block is drafted its cost is sunk. But where drafting is a large share of a step (a CPU, a small
-target) the block can cost more than its accepted tokens save, at any verify length; DSPARK.md §5 names
-this as the method's known limitation. The gate decides before drafting, from earlier rounds only, so
-the decision cannot depend on the tokens it is about (as with the pipelined variant's capacity) and
-verification stays lossless. With R decoding requests it drafts when
+target) the block can cost more than its accepted tokens save, at any verify length; the paper names
+this as the method's open limitation (docs/ALGORITHM.md §10). The gate decides before drafting, from
+earlier rounds only, so the decision cannot depend on the tokens it is about (as with the pipelined
+variant's capacity) and verification stays lossless. With R decoding requests it drafts when
 
     R (1 + g) / (1/SPS(R + v R) + d R)  >  R SPS(R)
 

@@ -1,4 +1,5 @@
-"""The hardware-aware prefix scheduler (DSPARK.md §5, Algorithm 1 of the paper), as pure functions.
+"""The hardware-aware prefix scheduler (Algorithm 1 of the paper), as pure functions; docs/ALGORITHM.md
+§7 and §8 explain it.
 
 Inputs are plain floats: per request the prefix survival a_{r,1..n} = prod_{i<=j} c_{r,i} of the
 drafted tokens it may verify (already cut to its budget), and SPS(B), the target's step rate for a

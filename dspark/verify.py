@@ -1,4 +1,4 @@
-"""Lossless verification of drafted tokens (DSPARK.md §4).
+"""Lossless verification of drafted tokens (docs/ALGORITHM.md §6).
 
 Given the target's logits at the anchor and at each of the l drafted slots (l + 1 rows), accept a
 prefix of the draft and emit one more token: the correction at the first rejection, or a bonus token

@@ -1,4 +1,5 @@
-"""Confidence calibration: sequential temperature scaling (DSPARK.md §2) and the metrics it is judged by.
+"""Confidence calibration: sequential temperature scaling and the metrics it is judged by
+(docs/ALGORITHM.md §4).
 
 Inputs are rounds observed at the serving temperature: raw confidence logits c^_1..c^_gamma of the
 verified slots and how many of them the target accepted. The survival estimate of slot k is

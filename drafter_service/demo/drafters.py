@@ -43,7 +43,7 @@ def drafter_configs(target_dir: Path, mask_token_id: int) -> dict[str, DrafterCo
     the target's shape and RoPE as DeepSpec's `build_draft_config` copies them."""
     t = AutoConfig.from_pretrained(target_dir)
     layers = t.num_hidden_layers
-    # Context fusion from shallow to deep, never the last layer (DSPARK.md §1).
+    # Context fusion from shallow to deep, never the last layer (docs/ALGORITHM.md §2).
     block = dict(
         target_layer_ids=list(range(layers - 1)),
         mask_token_id=mask_token_id,

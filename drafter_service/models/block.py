@@ -1,4 +1,4 @@
-"""The DSpark block drafter (DSPARK.md §1-2), DeepSpec's `Qwen3DSparkModel`; with no Markov head and no
+"""The DSpark block drafter (docs/ALGORITHM.md §2-§4), DeepSpec's `Qwen3DSparkModel`; with no Markov head and no
 confidence head it is DFlash.
 
 After the target commits the anchor x0 at position s, the drafter reads [x0, MASK, ..., MASK] (gamma

@@ -1,4 +1,4 @@
-"""Training losses of the block drafters (DSPARK.md §3).
+"""Training losses of the block drafters (docs/ALGORITHM.md §5).
 
 Anchors are sampled in each sequence's answer; the gamma-slot blocks after all anchors of a sequence
 are packed into one pass with exact masks (a slot sees context positions before its anchor and the

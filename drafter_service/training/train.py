@@ -1,5 +1,5 @@
 """Training several drafters for one target at once: each batch's target states are computed once,
-on the fly, and every drafter takes its own step on them (DSPARK.md §3 recipe: AdamW, lr 6e-4, no
+on the fly, and every drafter takes its own step on them (docs/ALGORITHM.md §5: AdamW, lr 6e-4, no
 weight decay, 4% warm-up then cosine, gradient clip 1.0). Seeded, so a rerun gives the same weights.
 """
 

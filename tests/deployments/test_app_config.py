@@ -24,12 +24,20 @@ def test_local_config_is_a_serve_config_with_valid_args():
     (app,) = raw["applications"]
     assert app["import_path"] == "deployments.app:build_app"
     config = AppConfig(**app["args"])
-    assert config.num_replicas == 2 and config.model == "models/target"
+    assert config.num_replicas == 2 and config.num_ingress_replicas == 2 and config.model == "models/target"
 
 
 def test_build_app_binds_both_deployments(qwen3_dir):
     app = build_app({"model": str(qwen3_dir), "tensor_parallel_size": 2, "engine": {"drafter": "ngram"}})
     assert app is not None
+
+
+def test_ingress_replicas_default_to_two_and_follow_the_config(qwen3_dir):
+    assert AppConfig(model=str(qwen3_dir)).num_ingress_replicas == 2
+    ingress = build_app({"model": str(qwen3_dir), "num_ingress_replicas": 3})._bound_deployment
+    assert (ingress.name, ingress.num_replicas) == ("Ingress", 3)
+    with pytest.raises(pydantic.ValidationError, match="num_ingress_replicas"):
+        AppConfig(model="m", num_ingress_replicas=0)
 
 
 def test_bad_args_name_the_field(tmp_path):

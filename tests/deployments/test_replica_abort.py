@@ -7,6 +7,7 @@ every one of them with finish_reason "abort" and frees its KV pages.
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 from serving import ENGINE
@@ -36,17 +37,26 @@ async def drain(stream) -> list:
 
 
 def test_abort_ends_every_request_under_the_label_and_only_those(replica):
+    resume = threading.Event()
+
+    def hold(engine) -> None:  # runs on the engine thread: no step happens until `resume`
+        resume.wait(60)
+
     async def run():
         streams = [
             replica.generate(ids(replica, "def f(x):"), LONG, "dup"),
             replica.generate(ids(replica, "import os\n"), LONG, "dup"),
             replica.generate(ids(replica, "class A:"), LONG, "other"),
         ]
-        firsts = [await s.__anext__() for s in streams]
+        firsts = await asyncio.gather(*(s.__anext__() for s in streams))
+        # Hold the engine so that no request can finish on its own before the abort lands.
+        holding = asyncio.ensure_future(asyncio.to_thread(replica.engine.call, hold))
         assert await replica.abort("dup") == 2
         assert await replica.abort("dup") == 0  # idempotent: nothing left under that label
         assert await replica.abort("unknown") == 0
         ended = [await drain(s) for s in streams[:2]]
+        resume.set()
+        await holding
         running = await asyncio.to_thread(replica.engine.call, lambda e: sorted(e.seqs))
         other = await streams[2].__anext__()  # the third request keeps going
         await streams[2].aclose()
@@ -59,7 +69,7 @@ def test_abort_ends_every_request_under_the_label_and_only_those(replica):
         received = len(first.token_ids) + sum(len(e.token_ids) for e in rest)
         assert last.completion_tokens == received
     assert len(running) == 1 and running[0].startswith("other.")  # engine ids: label plus a suffix
-    assert other.finish_reason != "abort"  # still running, or finished by itself
+    assert other.finish_reason is None  # still running
     pages = replica.engine.call(lambda e: (e.pages.num_unreserved_pages, e.pages.num_pages))
     assert pages[0] == pages[1]  # every KV page is back
 

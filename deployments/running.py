@@ -44,6 +44,3 @@ class RunningRequests:
         for events in queues:
             events.put_nowait(ABORTED)
         return len(queues)
-
-    def __len__(self) -> int:
-        return sum(len(q) for q in self._by_label.values())

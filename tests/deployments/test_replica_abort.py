@@ -50,14 +50,14 @@ def test_abort_ends_every_request_under_the_label_and_only_those(replica):
         ]
         firsts = await asyncio.gather(*(s.__anext__() for s in streams))
         # Hold the engine so that no request can finish on its own before the abort lands.
-        holding = asyncio.ensure_future(asyncio.to_thread(replica.engine.call, hold))
+        holding = asyncio.wrap_future(replica.engine.submit(hold))
         assert await replica.abort("dup") == 2
         assert await replica.abort("dup") == 0  # idempotent: nothing left under that label
         assert await replica.abort("unknown") == 0
         ended = [await drain(s) for s in streams[:2]]
         resume.set()
         await holding
-        running = await asyncio.to_thread(replica.engine.call, lambda e: sorted(e.seqs))
+        running = await replica.engine.call_async(lambda e: sorted(e.seqs))
         other = await streams[2].__anext__()  # the third request keeps going
         await streams[2].aclose()
         return firsts, ended, running, other

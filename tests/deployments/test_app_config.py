@@ -38,6 +38,10 @@ def test_ingress_replicas_default_to_two_and_follow_the_config(qwen3_dir):
     assert (ingress.name, ingress.num_replicas) == ("Ingress", 3)
     with pytest.raises(pydantic.ValidationError, match="num_ingress_replicas"):
         AppConfig(model="m", num_ingress_replicas=0)
+    scaled = AppConfig(model="m", ingress_autoscaling_config={"min_replicas": 1, "max_replicas": 4})
+    assert scaled.max_ingress_replicas == 4
+    with pytest.raises(pydantic.ValidationError, match="num_ingress_replicas"):
+        AppConfig(model="m", num_ingress_replicas=3, ingress_autoscaling_config={"max_replicas": 4})
 
 
 def test_bad_args_name_the_field(tmp_path):

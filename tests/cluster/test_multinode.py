@@ -17,7 +17,7 @@ import ray
 from ray import serve
 from ray.cluster_utils import Cluster
 from ray.serve.schema import ServeInstanceDetails
-from serving import REPO, Traffic, app_args, free_port, ray_released, wait_until
+from serving import MODEL_NAME, REPO, Traffic, app_args, free_port, ray_released, wait_until
 
 import dspark_client
 from deployments.app import GRPC_SERVICERS, build_app
@@ -127,7 +127,7 @@ def test_replicas_spread_over_workers_and_both_surfaces_answer_from_the_head(mul
     http = openai.OpenAI(base_url=multi.http_url + "/v1", api_key="-", max_retries=0, timeout=60)
     over_http = [
         http.completions.create(
-            model=qwen3_dir.name, prompt=PROMPT, max_tokens=24, temperature=0, extra_body={"ignore_eos": True}
+            model=MODEL_NAME, prompt=PROMPT, max_tokens=24, temperature=0, extra_body={"ignore_eos": True}
         )
         .choices[0]
         .text

@@ -1,0 +1,1 @@
+"""Drafter networks, their configuration and their checkpoints."""

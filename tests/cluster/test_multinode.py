@@ -9,6 +9,7 @@ target replicas land only on workers, one per worker, as one-GPU pods hold one r
 from __future__ import annotations
 
 import asyncio
+import threading
 from dataclasses import dataclass
 
 import openai
@@ -169,20 +170,30 @@ def test_tensor_parallel_shards_pack_on_one_worker(multi, spread_app, qwen3_dir)
     )
 
 
-def stream_or_ask_again(request: dict, cut: list):
+def stream_or_ask_again(request: dict, cut: list, mid_stream: list):
     """A long greedy stream. One cut after tokens arrived cannot be retried by the SDK (it would repeat
     them): it surfaces, is kept in `cut`, and the client asks again with `generate`, whose own retries
-    cover a request that had not started yet."""
+    cover a request that had not started yet. `mid_stream[0]` counts streams that have received tokens
+    and not yet ended, so the test can kill the node while its streams are surely mid-flight."""
+    lock = threading.Lock()
 
     def one(client) -> str:
+        started = False
         try:
             with client.stream(PROMPT, **request) as stream:
                 for _ in stream:
-                    pass
+                    if not started:
+                        started = True
+                        with lock:
+                            mid_stream[0] += 1
             return stream.completion.text
         except dspark_client.DSparkClientError as error:
             cut.append(error)
             return client.generate(PROMPT, **request).text
+        finally:
+            if started:
+                with lock:
+                    mid_stream[0] -= 1
 
     return one
 
@@ -201,20 +212,24 @@ def test_losing_a_worker_mid_load_replaces_its_replica_and_retries_succeed(multi
     (victim_replica, victim_node), (survivor, survivor_node) = sorted(before.items())
 
     cut: list[Exception] = []  # streams that were in flight on the lost node
+    mid_stream = [0]
+    clients = 6
     retry = dspark_client.RetryPolicy(max_attempts=8, max_backoff_s=1.0)
     load = Traffic(
         multi.grpc_target,
-        6,
-        stream_or_ask_again(request, cut),
+        clients,
+        stream_or_ask_again(request, cut, mid_stream),
         application=spread_app,
         retry=retry,
         timeout_s=120,
     )
     try:
+        # Every client mid-stream and two of them on the victim: its requests have streamed tokens, so
+        # losing them is an error the client sees (a request cut before its first token is retried).
         wait_until(
-            lambda: running_requests(spread_app, victim_replica) >= 2,
+            lambda: mid_stream[0] == clients and running_requests(spread_app, victim_replica) >= 2,
             timeout_s=60,
-            what="requests in flight on the replica about to be lost",
+            what="streams mid-flight on the replica about to be lost",
         )
         # A crash, not a drain: the raylet and every process of that node are killed at once.
         multi.cluster.remove_node(multi.worker(victim_node), allow_graceful=False)

@@ -79,7 +79,7 @@ class ChunkReader:
         new_ids = tuple(ids[self.num_ids :])  # a copy: SGLang keeps appending to its list
         self.num_ids = len(ids)
         text = chunk.get("text") or ""
-        new_text = text[len(self.text) :] if text.startswith(self.text) else text
+        new_text = text[len(self.text) :]  # SGLang's text only ever grows (ReqState.append_text)
         self.text = text
         finished = reason is not None
         if not (new_ids or new_text or finished):

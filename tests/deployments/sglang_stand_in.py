@@ -134,9 +134,12 @@ class StandInEngine:
         self.seen = Seen()
         self.tokenizer_manager = StandInTokenizerManager(self)
         self.shut_down = False
+        self.step_s = STEP_S
 
-    async def async_generate(self, prompt=None, sampling_params=None, input_ids=None, *, stream=False, rid=None,
-                             external_trace_header=None, **unused):  # fmt: skip
+    async def async_generate(
+        self, prompt=None, sampling_params=None, input_ids=None, *, stream=False, rid=None,
+        external_trace_header=None, **unused,
+    ):  # fmt: skip
         assert stream and input_ids is not None and rid is not None, "the replica streams token ids with rids"
         self.seen.requests.append(
             {
@@ -146,7 +149,8 @@ class StandInEngine:
                 "external_trace_header": external_trace_header,
             }  # fmt: skip
         )
-        state = {"input_ids": list(input_ids), "output_ids": [], "abort": False, "updated": asyncio.Event()}
+        state = {"input_ids": list(input_ids), "output_ids": [], "text": "", "abort": False,
+                 "updated": asyncio.Event()}  # fmt: skip
         self.running[rid] = state
         asyncio.get_running_loop().create_task(self._decode(rid, state, dict(sampling_params)))
         return self._stream(rid, state)
@@ -161,7 +165,7 @@ class StandInEngine:
         target = expected_tokens(state["input_ids"], params["max_new_tokens"], self.vocab_size)
         out, rounds, correct, cap = state["output_ids"], 0, 0, 0
         while len(out) < len(target) and not state["abort"]:
-            await asyncio.sleep(STEP_S)
+            await asyncio.sleep(self.step_s)
             window = self._window() if self.algorithm else 0
             accepted = min(window, ACCEPT_PATTERN[rounds % len(ACCEPT_PATTERN)])
             out.extend(target[len(out) : len(out) + accepted + 1])  # the same list, growing
@@ -191,8 +195,8 @@ class StandInEngine:
                 if finish is not None:
                     meta["e2e_latency"] = 0.0
                     meta |= self._spec_meta(*state["spec"], len(state["output_ids"]))
-                text = self.tokenizer.decode(state["output_ids"])
-                yield {"text": text, "output_ids": state["output_ids"], "meta_info": meta}
+                self._detokenize(state, final=finish is not None)
+                yield {"text": state["text"], "output_ids": state["output_ids"], "meta_info": meta}
                 if finish is not None:
                     if finish["type"] == "abort":
                         self.seen.aborted.append(rid)
@@ -201,6 +205,14 @@ class StandInEngine:
             if "finish" not in state:  # the consumer left: SGLang aborts the request
                 self.tokenizer_manager.abort_request(rid)
             self.running.pop(rid, None)
+
+    def _detokenize(self, state: dict, final: bool) -> None:
+        """Append-only text, as SGLang's detokenizer sends it: an incomplete UTF-8 tail waits."""
+        text = self.tokenizer.decode(state["output_ids"])
+        if not final:
+            text = text.rstrip("\ufffd")
+        if text.startswith(state["text"]):
+            state["text"] = text
 
     def _spec_meta(self, rounds: int, correct: int, cap: int, completion: int) -> dict:
         if not self.algorithm or rounds == 0:

@@ -11,10 +11,9 @@ from sglang_cpu import require_sglang
 
 require_sglang()
 
-from tests.drafter_service.drafter_fixtures import save_untrained_dspark  # noqa: E402
-
 from deployments.config import AppConfig  # noqa: E402
 from deployments.sglang_args import SGLangRefusal, check_with_sglang, translate  # noqa: E402
+from tests.drafter_service.drafter_fixtures import save_untrained_dspark  # noqa: E402
 
 
 @pytest.fixture(scope="module")

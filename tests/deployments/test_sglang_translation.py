@@ -151,8 +151,8 @@ def test_cumulative_chunks_become_delta_events_and_spec_counters_come_last():
     first = reader.event({"text": "ab", "output_ids": live, "meta_info": {"finish_reason": None}})
     live.extend([7, 8, 9])  # SGLang keeps appending to the list it handed out
     assert first.token_ids == (5, 6) and first.text == "ab" and first.speculation.rounds == 0
-    assert reader.event({"text": "ab", "output_ids": live, "meta_info": {"finish_reason": None}}).token_ids == (
-        7, 8, 9)  # fmt: skip
+    second = reader.event({"text": "ab", "output_ids": live, "meta_info": {"finish_reason": None}})
+    assert second.token_ids == (7, 8, 9)
     assert (
         reader.event({"text": "abcd", "output_ids": live, "meta_info": {"finish_reason": None}}).text == "cd"
     )

@@ -69,7 +69,8 @@ def save_untrained_dspark(target_dir: Path, directory: Path, gamma: int = 4, **f
     target = CausalLM.from_checkpoint(load_checkpoint(target_dir, load_tokenizer=False))
     t = AutoConfig.from_pretrained(target_dir)
     args = dict(target_layer_ids=[0, 1], mask_token_id=1, block_size=gamma, num_anchors=8, markov_rank=8,
-                markov_head_type="vanilla", enable_confidence_head=True, confidence_head_with_markov=True)  # fmt: skip
+                markov_head_type="vanilla", enable_confidence_head=True,
+                confidence_head_with_markov=True)  # fmt: skip
     cfg = DrafterConfig.for_target(t, "dspark", **(args | fields))
     save_drafter(build_drafter(cfg, target.model.embed_tokens, target.lm_head), directory)
     return directory

@@ -1,7 +1,7 @@
-"""Our artefacts read by SGLang 0.5.23's OWN loaders (installed without its GPU dependencies):
-the SPS table (dspark_sps.load_sps_table_from_path), STS temperatures
-(dspark_sts.load_sts_calibration_from_path), and a drafter checkpoint: its config.json through SGLang's DSpark config parser and runtime resolution, its
-Markov and confidence heads into SGLang's own head modules (models/dspark.py build_markov_head /
+"""Our artefacts read by SGLang 0.5.23's OWN loaders (installed without its GPU dependencies): the SPS
+table (dspark_sps.load_sps_table_from_path), STS temperatures (dspark_sts.load_sts_calibration_from_path),
+and a drafter checkpoint: its config.json through SGLang's DSpark config parser and runtime resolution,
+its Markov and confidence heads into SGLang's own head modules (models/dspark.py build_markov_head /
 build_confidence_head) with SGLang's weight loader, name by name and shape by shape. SGLang's backbone
 (DFlashDraftModel) needs its tensor-parallel layers and cannot be built here; the backbone names are
 checked against its loader's routing in test_deepspec_export.py."""

@@ -10,10 +10,11 @@ or `sglang.srt.ray.engine.RayEngine` (TP > 1: one scheduler actor per rank in th
 group, one GPU per bundle). Only SGLang's asynchronous tokenizer-manager calls are used, on this
 replica's event loop: the Engine's synchronous helpers run their own loop and would block this one.
 
-Telemetry: each request runs in a span of ours, "generate {model}", whose W3C context goes to SGLang as
+Telemetry: each request runs in a span of ours, "{operation} {model}" (GenAI naming), the child of the
+caller's span when the ingress passes its W3C context (`trace_context`); its own context goes to SGLang as
 `external_trace_header`, so SGLang's spans (exported to the same OTLP endpoint, sglang_args.py) join the
-trace. The spans use the OpenTelemetry API only: until the kit's telemetry setup installs a tracer
-provider in this process, they cost nothing and go nowhere.
+trace. The spans use the OpenTelemetry API only: until a tracer provider is installed in this process,
+they cost nothing and go nowhere.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from dspark.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("deployments.sglang_replica")
+TEXT_COMPLETION = "text_completion"  # gen_ai.operation.name of /v1/completions and gRPC Generate
 
 
 @serve.deployment(name="TargetReplica")
@@ -63,7 +65,7 @@ class SGLangReplica:
         self.engine = engine_class(**kwargs)
         self.tokenizer_manager = self.engine.tokenizer_manager
         self.stats_timeout_s = CALL_TIMEOUT_S
-        self._streams: set[str] = set()  # SGLang rids in flight
+        self._streams: dict[str, str] = {}  # SGLang rid -> the client's request id, in flight
         self._last_output = time.monotonic()
         self._tau = TauWindow()
         self._rounds = self._accepted = self._finished = self._aborted = 0
@@ -74,16 +76,24 @@ class SGLangReplica:
         self._sps_table = read_sps_points(sps) if sps else None
 
     async def generate(
-        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        trace_context: dict[str, str] | None = None,
+        operation: str = TEXT_COMPLETION,
     ) -> AsyncIterator[StreamEvent]:
-        """Stream one request; cancelling this call (client gone, Abort) aborts it inside SGLang."""
+        """Stream one request; cancelling this call (client gone) or `abort(request_id)` aborts it inside
+        SGLang. `request_id` is the client's label; SGLang sees a unique rid of ours. `trace_context`: the
+        caller's W3C context, which this request's span continues; `operation`: the GenAI operation."""
         # SGLang aborts by rid PREFIX (scheduler.py: req.rid.startswith(rid)); fixed-length uuids never
         # prefix one another, whatever ids clients choose.
         rid = uuid.uuid4().hex
         reader = ChunkReader(request_id, len(prompt_token_ids))
         # A span of its own, not the current one: this generator suspends at every yield.
-        span = tracer.start_span(f"generate {self.config.model_name}")
-        span.set_attributes(_request_attributes(self.config.model_name, request_id, params))
+        parent = propagate.extract(trace_context) if trace_context else None
+        span = tracer.start_span(f"{operation} {self.config.model_name}", context=parent)
+        span.set_attributes(_request_attributes(operation, self.config.model_name, request_id, params))
         header: dict[str, str] = {}
         propagate.inject(header, context=trace.set_span_in_context(span))
         finished = False
@@ -95,7 +105,7 @@ class SGLangReplica:
                 rid=rid,
                 external_trace_header=header or None,
             )
-            self._streams.add(rid)
+            self._streams[rid] = request_id
             try:
                 async for chunk in stream:
                     self._last_output = time.monotonic()
@@ -110,7 +120,7 @@ class SGLangReplica:
                     if finished:
                         return
             finally:
-                self._streams.discard(rid)
+                self._streams.pop(rid, None)
                 if not finished:
                     self._aborted += 1
                     self.tokenizer_manager.abort_request(rid)  # idempotent, fire-and-forget
@@ -123,6 +133,14 @@ class SGLangReplica:
         finally:
             span.set_attribute("dspark.finished", finished)
             span.end()
+
+    async def abort(self, request_id: str) -> int:
+        """End every request running here under this client id (Abort fans out to every replica); SGLang
+        then ends each stream with finish_reason abort."""
+        rids = [rid for rid, client in self._streams.items() if client == request_id]
+        for rid in rids:
+            self.tokenizer_manager.abort_request(rid)
+        return len(rids)
 
     def _count_finished(self, event: StreamEvent) -> None:
         self._finished += 1
@@ -233,9 +251,9 @@ def _no_drafter() -> InvalidRequestError:
     return InvalidRequestError("budget", "this replica serves without a drafter: there is no draft budget")
 
 
-def _request_attributes(model: str, request_id: str, params: SamplingParams) -> dict:
+def _request_attributes(operation: str, model: str, request_id: str, params: SamplingParams) -> dict:
     return {
-        "gen_ai.operation.name": "text_completion",
+        "gen_ai.operation.name": operation,
         "gen_ai.request.model": model,
         "gen_ai.request.max_tokens": params.max_tokens,
         "gen_ai.request.temperature": params.temperature,

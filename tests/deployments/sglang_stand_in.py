@@ -196,10 +196,10 @@ class StandInEngine:
                     meta["e2e_latency"] = 0.0
                     meta |= self._spec_meta(*state["spec"], len(state["output_ids"]))
                 self._detokenize(state, final=finish is not None)
+                if finish is not None and finish["type"] == "abort":
+                    self.seen.aborted.append(rid)
                 yield {"text": state["text"], "output_ids": state["output_ids"], "meta_info": meta}
                 if finish is not None:
-                    if finish["type"] == "abort":
-                        self.seen.aborted.append(rid)
                     return
         finally:
             if "finish" not in state:  # the consumer left: SGLang aborts the request

@@ -125,6 +125,27 @@ def test_cancelling_a_stream_aborts_only_its_own_rid(make_replica):
     assert stats["recent_tau"] == events[-1].speculation.mean_accept_length and stats["healthy"]
 
 
+def test_abort_by_client_id_ends_every_stream_under_it_and_nothing_else(make_replica):
+    replica = make_replica()
+
+    async def run():
+        async def consume(request_id: str):
+            return [e async for e in replica.generate([1, 2], greedy(60), request_id)]
+
+        tasks = [asyncio.create_task(consume(i)) for i in ("a", "a", "b")]
+        while len(replica.engine.running) < 3:
+            await asyncio.sleep(0.01)
+        aborted = await replica.abort("a")
+        return aborted, await asyncio.gather(*tasks), await replica.abort("nobody")
+
+    aborted, (a1, a2, b), none = asyncio.run(run())
+    assert (aborted, none) == (2, 0)
+    assert a1[-1].finish_reason == a2[-1].finish_reason == "abort" and b[-1].finish_reason == "length"
+    assert sum(len(e.token_ids) for e in b) == 60 and sum(len(e.token_ids) for e in a1) < 60
+    rids = {r["rid"] for r in replica.engine.seen.requests[:2]}
+    assert set(replica.engine.seen.aborts) == rids == set(replica.engine.seen.aborted)
+
+
 def test_budget_moves_in_compact_mode_and_reads_back(make_replica):
     replica = make_replica()
 
@@ -196,27 +217,36 @@ def test_request_span_is_the_parent_of_sglangs_trace(make_replica, monkeypatch):
     monkeypatch.setattr(sglang_replica, "tracer", provider.get_tracer("test"))
     replica = make_replica(served_model_name="m")
 
+    # The ingress's span, as its W3C context arrives at the replica (trace_context).
+    caller_trace, caller_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    caller = {"traceparent": f"00-{caller_trace}-{caller_span}-01"}
+
     async def run():
-        return [e async for e in replica.generate([7, 7], greedy(6), "traced")]
+        alone = [e async for e in replica.generate([7, 7], greedy(6), "traced")]
+        [e async for e in replica.generate([7], greedy(2), "chat-1", trace_context=caller, operation="chat")]
+        return alone
 
     last = asyncio.run(run())[-1]
-    (span,) = exporter.get_finished_spans()
-    assert span.name == "generate m"
+    span, child = exporter.get_finished_spans()
+    assert (span.name, span.parent) == ("text_completion m", None)
     attrs = dict(span.attributes)
     assert attrs["gen_ai.request.model"] == "m" and attrs["gen_ai.usage.output_tokens"] == 6
     assert attrs["dspark.rounds"] == last.speculation.rounds > 0 and attrs["dspark.request_id"] == "traced"
-    header = replica.engine.seen.requests[0]["external_trace_header"]
-    assert header["traceparent"].split("-")[1:3] == [
-        f"{span.context.trace_id:032x}",
-        f"{span.context.span_id:016x}",
-    ]
+    assert (child.name, child.attributes["gen_ai.operation.name"]) == ("chat m", "chat")
+    assert (f"{child.context.trace_id:032x}", f"{child.parent.span_id:016x}") == (caller_trace, caller_span)
+    for sent, ours in zip(replica.engine.seen.requests, (span, child)):  # SGLang's spans join ours
+        assert sent["external_trace_header"]["traceparent"].split("-")[1:3] == [
+            f"{ours.context.trace_id:032x}",
+            f"{ours.context.span_id:016x}",
+        ]
 
 
 @pytest.fixture(scope="module")
 def sglang_app(serve_stack):
     """The stand-in SGLang app beside the shared stack, built by build_app like any config."""
-    config = app_config(serve_stack.model_dir, "static", num_replicas=1, replica_num_cpus=0.25,
-                        ingress_num_cpus=0.25, health_check_period_s=1.0)  # fmt: skip
+    config = app_config(serve_stack.model_dir, "static", served_model_name=serve_stack.model_name,
+                        num_replicas=1, num_ingress_replicas=1, replica_num_cpus=0.25, ingress_num_cpus=0.25,
+                        health_check_period_s=1.0, graceful_shutdown_timeout_s=2.0)  # fmt: skip
     serve.run(build_app(config), name="sglang", route_prefix="/sglang")
     yield serve_stack
     serve.delete("sglang")

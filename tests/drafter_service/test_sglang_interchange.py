@@ -2,13 +2,16 @@
 table (dspark_sps.load_sps_table_from_path), STS temperatures (dspark_sts.load_sts_calibration_from_path),
 and a drafter checkpoint: its config.json through SGLang's DSpark config parser and runtime resolution,
 its Markov and confidence heads into SGLang's own head modules (models/dspark.py build_markov_head /
-build_confidence_head) with SGLang's weight loader, name by name and shape by shape. SGLang's backbone
-(DFlashDraftModel) needs its tensor-parallel layers and cannot be built here; the backbone names are
-checked against its loader's routing in test_deepspec_export.py."""
+build_confidence_head) with SGLang's weight loader, name by name and shape by shape, and the whole
+checkpoint round trip: loaded into SGLang's full DSpark draft model (Qwen3DSparkModel, built on CPU in a
+process of its own, sglang_draft_model.py) and read back out of it equal to what we saved."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +21,7 @@ require_sglang()
 
 from drafter_fixtures import save_untrained_dspark  # noqa: E402
 from safetensors import safe_open  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
 from transformers import AutoConfig  # noqa: E402
 
 from deployments.sglang_artifacts import read_sps_points, write_sps_table  # noqa: E402
@@ -83,3 +87,45 @@ def test_a_drafter_checkpoint_loads_through_sglangs_dspark_code(tmp_path, qwen3_
     for name, tensor in ours.items():
         default_weight_loader(expected[name], tensor)  # SGLang's loader for these parameters
         assert torch.equal(expected[name].data, tensor.to(expected[name].dtype))
+
+
+# SGLang stacks these projections into one parameter each (models/dflash.py load_weights), in this order.
+STACKED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def unstack(sglang_params: dict, rows: dict[str, int]) -> dict:
+    """SGLang's parameters under our checkpoint's names: each stack split back, in SGLang's order, by the
+    row counts of our projections (`rows`)."""
+    ours = {}
+    for name, tensor in sglang_params.items():
+        stacked = next((s for s in STACKED if f".{s}." in name), None)
+        if stacked is None:
+            ours[name] = tensor
+            continue
+        parts = [name.replace(stacked, part) for part in STACKED[stacked]]
+        ours |= dict(zip(parts, torch.split(tensor, [rows[part] for part in parts])))
+    return ours
+
+
+def test_a_drafter_checkpoint_round_trips_through_sglangs_dspark_draft_model(tmp_path, qwen3_dir):
+    """Saved by us, loaded by SGLang's Qwen3DSparkModel.load_weights (every parameter written, none left
+    NaN), read back out of SGLang's parameters equal to every tensor we saved but the embedding and LM
+    head (SGLang shares the target's), for each Markov head type."""
+    heads = ("vanilla", "gated", "rnn")
+    drafters = [save_untrained_dspark(qwen3_dir, tmp_path / h, gamma=5, markov_head_type=h) for h in heads]
+    outs = [tmp_path / f"{h}.sglang.safetensors" for h in heads]
+    script = Path(__file__).with_name("sglang_draft_model.py")
+    pairs = [str(p) for pair in zip(drafters, outs) for p in pair]
+    done = subprocess.run([sys.executable, str(script), str(qwen3_dir), *pairs], capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    for drafter, out in zip(drafters, outs):
+        saved = load_file(str(drafter / "model.safetensors"))
+        with safe_open(str(out), framework="pt") as f:
+            assert (f.metadata()["class"], f.metadata()["gamma"]) == ("Qwen3DSparkModel", "5")
+        held = load_file(str(out))
+        assert [name for name, t in held.items() if torch.isnan(t).any()] == []  # SGLang loaded them all
+        back = unstack(held, {name: t.shape[0] for name, t in saved.items()})
+        assert set(back) == set(saved) - {"embed_tokens.weight", "lm_head.weight"}, drafter.name
+        for name, tensor in back.items():
+            assert torch.equal(tensor, saved[name].to(tensor.dtype)), (drafter.name, name)

@@ -53,6 +53,21 @@ def read_sps_points(path: str | Path) -> list[list[float]] | None:
     return [[b, r] for b, r in zip(data["sample_batch_tokens"], data["sample_steps_per_sec"])]
 
 
+def is_profiled_sps_table(path: str | Path | None) -> bool:
+    """Whether SGLang schedules verify budgets with this table, by SGLang's own loader and test: without
+    one, or with a flat one (a single probe), its compact mode verifies every drafted token."""
+    if not path:
+        return False
+    from sglang.srt.speculative.dspark_components.dspark_sps import (
+        SpsCostTable,
+        is_uninitialized_sps_table,
+        load_sps_table_from_path,
+    )
+
+    table = load_sps_table_from_path(str(path))
+    return not (isinstance(table, SpsCostTable) and is_uninitialized_sps_table(table))
+
+
 def read_cost_table(path: str | Path) -> CostTable:
     """One of the engine's cached tables (cost_table.load_or_profile writes them)."""
     data = json.loads(Path(path).read_text())

@@ -12,8 +12,9 @@ HostConfidenceBudgetPlanner). Its meaning differs from our DraftBudget's, so the
 - k >= gamma limits nothing: the override is cleared (SGLang's own SPS-optimal budget).
 - Refused, by field: `max_step_tokens` (SGLang's budget scales with the batch; no fixed per-step cap),
   `max_request_tokens_by_class` (one budget for the whole batch, no SLA classes), k = 0 (frac must be
-  in (0, 1]: plain decoding is not reachable at runtime), and anything but "no limit" in static mode,
-  where SGLang verifies every drafted token and accepts the knob as a no-op.
+  in (0, 1]: plain decoding is not reachable at runtime), and anything but "no limit" where SGLang
+  verifies every drafted token and accepts the knob as a no-op: static mode, and compact mode without a
+  profiled SPS table (dspark_planner.py: a missing or flat table makes its planner verify-all).
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ KNOB = "dspark_force_budget_frac"
 ROUNDING_GUARD = 1e-6
 
 
-def force_budget_frac(budget: DraftBudget, gamma: int, verify_mode: str) -> float | None:
+def force_budget_frac(budget: DraftBudget, gamma: int, verify_mode: str, sps_profiled: bool) -> float | None:
     """The `dspark_force_budget_frac` that applies `budget` (None clears the override); refusals name
-    the field they cannot apply."""
+    the field they cannot apply. `sps_profiled`: SGLang was given an SPS table it schedules with."""
     if budget.unlimited:
         return None
     if verify_mode != "compact":
@@ -37,6 +38,12 @@ def force_budget_frac(budget: DraftBudget, gamma: int, verify_mode: str) -> floa
             _first_limit(budget),
             f"SGLang runs SGLANG_RAGGED_VERIFY_MODE={verify_mode}, which verifies every drafted token and "
             f"ignores {KNOB}; serve with sglang.verify_mode: compact to move the budget",
+        )
+    if not sps_profiled:
+        raise InvalidRequestError(
+            _first_limit(budget),
+            f"SGLang runs compact mode without a profiled SPS table, so it verifies every drafted token and "
+            f"ignores {KNOB}; give it one (sglang.sps_table) to move the budget",
         )
     if budget.max_request_tokens_by_class:
         raise InvalidRequestError(
@@ -57,7 +64,7 @@ def force_budget_frac(budget: DraftBudget, gamma: int, verify_mode: str) -> floa
     return (k + ROUNDING_GUARD) / gamma
 
 
-def in_force(frac: float | None, gamma: int | None, verify_mode: str) -> dict:
+def in_force(frac: float | None, gamma: int | None, verify_mode: str, sps_profiled: bool) -> dict:
     """The budget SGLang applies, in our fields plus SGLang's own terms."""
     mean = None if frac is None or gamma is None else int(frac * gamma)
     return {
@@ -70,6 +77,8 @@ def in_force(frac: float | None, gamma: int | None, verify_mode: str) -> dict:
             "meaning": (
                 "every drafted token is verified"
                 if verify_mode == "static"
+                else "every drafted token is verified (compact mode without a profiled SPS table)"
+                if not sps_profiled
                 else "SGLang's SPS-optimal budget"
                 if frac is None
                 else f"each step verifies int({frac:.6g} x running requests x {gamma}) drafted tokens, "

@@ -35,7 +35,7 @@ from deployments.config import AppConfig
 from deployments.events import StreamEvent
 from deployments.replica_state import TauWindow
 from deployments.sglang_args import translate
-from deployments.sglang_artifacts import read_sps_points
+from deployments.sglang_artifacts import is_profiled_sps_table, read_sps_points
 from deployments.sglang_events import ChunkReader, sampling_params
 from dspark.async_engine import CALL_TIMEOUT_S
 from dspark.draft_budget import DraftBudget
@@ -74,6 +74,7 @@ class SGLangReplica:
         self._last_stats: dict = {}
         sps = self.launch.server_args.get("speculative_dspark_sps_table_path")
         self._sps_table = read_sps_points(sps) if sps else None
+        self._sps_profiled = is_profiled_sps_table(sps)  # else SGLang's compact mode verifies all
 
     async def generate(
         self,
@@ -186,7 +187,7 @@ class SGLangReplica:
             "finished_requests": self._finished,
             "aborted_requests": self._aborted,
             "recent_tau": self._tau.update(self._rounds, self._accepted),
-            "draft_budget": sglang_budget.in_force(self._budget_frac, self._gamma, self.launch.verify_mode),
+            "draft_budget": self._budget_in_force(self._budget_frac, self._gamma),
             "sps_table": self._sps_table,
             "healthy": self._problem() is None,
             "replica_id": _replica_id(),
@@ -209,10 +210,10 @@ class SGLangReplica:
         gamma = await self._block_size()
         if self.config.engine.get("drafter") != "dspark" or gamma is None:
             if parsed.unlimited:
-                return sglang_budget.in_force(None, None, self.launch.verify_mode)
+                return self._budget_in_force(None, None)
             raise _no_drafter()
-        frac = sglang_budget.force_budget_frac(parsed, gamma, self.launch.verify_mode)
-        if self.launch.verify_mode == "compact":
+        frac = sglang_budget.force_budget_frac(parsed, gamma, self.launch.verify_mode, self._sps_profiled)
+        if self.launch.verify_mode == "compact" and self._sps_profiled:
             from sglang.srt.managers.io_struct import SetInternalStateReq
 
             request = SetInternalStateReq(server_args={sglang_budget.KNOB: frac})
@@ -221,7 +222,10 @@ class SGLangReplica:
             if not all(updated):
                 raise RuntimeError(f"SGLang did not apply {sglang_budget.KNOB}={frac} (per rank: {updated})")
             self._budget_frac = frac
-        return sglang_budget.in_force(self._budget_frac, gamma, self.launch.verify_mode)
+        return self._budget_in_force(self._budget_frac, gamma)
+
+    def _budget_in_force(self, frac: float | None, gamma: int | None) -> dict:
+        return sglang_budget.in_force(frac, gamma, self.launch.verify_mode, self._sps_profiled)
 
     async def _internal_state(self) -> list[dict]:
         return await asyncio.wait_for(self.tokenizer_manager.get_internal_state(), self.stats_timeout_s)

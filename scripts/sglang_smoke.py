@@ -5,11 +5,12 @@
 Builds a tiny local target (Qwen3 architecture, random weights, a tokenizer trained on a few standard-
 library files) and an untrained DSpark drafter for it in DeepSpec's layout, with the test fixtures'
 builders (no hub), starts the SGLang replica through build_app on a local Ray Serve with SGLang's real
-engine (compact verify mode), streams concurrent requests over HTTP, checks that every request finished
-with non-zero speculation stats from SGLang, then moves the draft budget and reads it back from the
-replica's routing stats, and checks the static-mode refusal path's opposite (a cap SGLang cannot apply is
-refused by name). Exits non-zero on the first failed check. Acceptance is low (the drafter is untrained):
-this checks the plumbing on real SGLang, not speed.
+engine (compact verify mode, with a made-up SPS table in SGLang's format: without a profiled table SGLang
+verifies every drafted token and ignores the budget), streams concurrent requests over HTTP, checks that
+every request finished with non-zero speculation stats from SGLang, then moves the draft budget, reads it
+back from the replica's routing stats, checks that a request verifies fewer drafts under it, and that a
+cap SGLang cannot apply is refused by name. Exits non-zero on the first failed check. Acceptance is low
+(the drafter is untrained): this checks the plumbing on real SGLang, not speed.
 """
 
 from __future__ import annotations
@@ -26,13 +27,20 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def build_models(workdir: Path) -> tuple[Path, Path]:
+GAMMA = 4
+
+
+def build_models(workdir: Path) -> tuple[Path, Path, Path]:
+    from deployments.sglang_artifacts import write_sps_table
+    from dspark.cost_table import CostTable
     from tests.conftest import build_checkpoint, train_tokenizer
     from tests.drafter_service.drafter_fixtures import save_untrained_dspark
 
     target = build_checkpoint(workdir / "target", "qwen3", train_tokenizer())
-    drafter = save_untrained_dspark(target, workdir / "drafters" / "dspark", gamma=4)
-    return target, drafter
+    drafter = save_untrained_dspark(target, workdir / "drafters" / "dspark", gamma=GAMMA)
+    # Made up, not measured (SGLang's profiler measures its own): enough for SGLang to schedule budgets.
+    sps = write_sps_table(CostTable([1, 16, 64], [400.0, 380.0, 250.0], max_tokens=128), workdir / "sps.json")
+    return target, drafter, sps
 
 
 def stream(url: str, prompt: str, max_tokens: int) -> dict:
@@ -70,7 +78,7 @@ def main() -> None:
 
     from deployments.app import build_app
 
-    target, drafter = build_models(workdir)
+    target, drafter, sps = build_models(workdir)
     print(f"models in {workdir}", flush=True)
     config = {
         "model": str(target),
@@ -79,11 +87,15 @@ def main() -> None:
         "engine": {
             "drafter": "dspark",
             "drafter_model": str(drafter),
-            "num_speculative_tokens": 4,
+            "num_speculative_tokens": GAMMA,
             "max_num_seqs": 16,
             "dtype": "bfloat16",
         },  # fmt: skip
-        "sglang": {"verify_mode": "compact", "server_args": {"mem_fraction_static": 0.5}},
+        "sglang": {
+            "verify_mode": "compact",
+            "sps_table": str(sps),
+            "server_args": {"mem_fraction_static": 0.5},
+        },
     }
     ray.init()
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
@@ -109,7 +121,10 @@ def main() -> None:
         check(
             applied["sglang"]["dspark_force_budget_frac"] is not None, f"budget applied: {applied['sglang']}"
         )
-        stream(url, "import os\n", 32)
+        spec = stream(url, "import os\n", 32)["last"]["dspark"]["speculation"]
+        check(
+            spec["drafted_tokens"] < spec["rounds"] * GAMMA, f"fewer drafts verified under the budget: {spec}"
+        )
         stats = handle.record_routing_stats.remote().result()
         check(stats["draft_budget"] == applied, "the budget reads back from the replica")
         check(stats["finished_requests"] >= args.requests + 1 and stats["healthy"], f"routing stats: {stats}")

@@ -13,8 +13,9 @@ managers/scheduler_components/internal_state.py), as /work/notes/sglang.md and S
 - `tokenizer_manager.abort_request(rid)` aborts every running request whose rid STARTS WITH rid (as the
   scheduler matches), ending its stream with finish_reason {"type": "abort"}; closing a stream aborts it;
 - `tokenizer_manager.set_internal_state(SetInternalStateReq)` (SGLang's real request type) accepts
-  `dspark_force_budget_frac` in (0, 1] or None under DSPARK, and reports it applied (True) in static mode
-  too, where it changes nothing (SGLang's behaviour the replica must not be fooled by);
+  `dspark_force_budget_frac` in (0, 1] or None under DSPARK, and reports it applied (True) where it
+  changes nothing too: static mode, and compact mode without a profiled SPS table (judged by SGLang's
+  own loader and is_uninitialized_sps_table), where SGLang verifies all (the replica must not be fooled);
 - `get_loads()` answers SGLang's real `LoadSnapshot`s, `get_internal_state()` the resolved-arguments dict.
 
 What it generates is made up (`expected_tokens`), deterministic, and decoded with the target's tokenizer.
@@ -121,6 +122,9 @@ class StandInEngine:
         ServerArgs(**kwargs)  # the real Engine builds one first: unknown arguments fail the same way
         self.kwargs = kwargs
         self.verify_mode = os.environ.get("SGLANG_RAGGED_VERIFY_MODE", "static")
+        self.schedules_budget = self.verify_mode == "compact" and _profiled(
+            kwargs.get("speculative_dspark_sps_table_path")
+        )
         self.algorithm = kwargs.get("speculative_algorithm")
         self.gamma = kwargs.get("speculative_dspark_block_size") or 7
         self.max_running = kwargs["max_running_requests"]
@@ -156,7 +160,7 @@ class StandInEngine:
         return self._stream(rid, state)
 
     def _window(self) -> int:
-        if self.verify_mode == "compact" and self.forced_frac is not None:
+        if self.schedules_budget and self.forced_frac is not None:
             return max(0, int(self.forced_frac * self.gamma))
         return self.gamma
 
@@ -231,3 +235,17 @@ class StandInEngine:
 
     def shutdown(self) -> None:
         self.shut_down = True
+
+
+def _profiled(path: str | None) -> bool:
+    """SGLang's planner (dspark_planner.py): no table or a flat one means verify-all, no budget."""
+    if not path:
+        return False
+    from sglang.srt.speculative.dspark_components.dspark_sps import (
+        SpsCostTable,
+        is_uninitialized_sps_table,
+        load_sps_table_from_path,
+    )
+
+    table = load_sps_table_from_path(path)
+    return not (isinstance(table, SpsCostTable) and is_uninitialized_sps_table(table))

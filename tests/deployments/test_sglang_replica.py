@@ -31,7 +31,9 @@ from transformers import AutoTokenizer  # noqa: E402
 
 from deployments import sglang_replica  # noqa: E402
 from deployments.app import build_app  # noqa: E402
+from deployments.sglang_artifacts import write_sps_table  # noqa: E402
 from deployments.sglang_replica import SGLangReplica  # noqa: E402
+from dspark.cost_table import CostTable  # noqa: E402
 from dspark.errors import InvalidRequestError  # noqa: E402
 from dspark.sampling_params import SamplingParams  # noqa: E402
 from tests.deployments.sglang_stand_in import ACCEPT_PATTERN, expected_tokens  # noqa: E402
@@ -40,7 +42,8 @@ STAND_IN = "tests.deployments.sglang_stand_in:StandInEngine"
 GAMMA = 4
 
 
-def app_config(model_dir, mode: str = "compact", **fields) -> dict:
+def app_config(model_dir, mode: str = "compact", sps_table: str | None = None, **fields) -> dict:
+    sglang = {"verify_mode": mode, "engine_class": STAND_IN, "num_gpus": 0}
     return {
         "model": str(model_dir),
         "backend": "sglang",
@@ -50,17 +53,25 @@ def app_config(model_dir, mode: str = "compact", **fields) -> dict:
             "num_speculative_tokens": GAMMA,
             "max_num_seqs": 8,
         },  # fmt: skip
-        "sglang": {"verify_mode": mode, "engine_class": STAND_IN, "num_gpus": 0},
+        "sglang": sglang | ({"sps_table": sps_table} if sps_table else {}),
         **fields,
     }
 
 
+@pytest.fixture(scope="module")
+def sps_table(tmp_path_factory) -> str:
+    """A profiled SPS table in SGLang's format: with it, SGLang's compact mode schedules a budget."""
+    table = CostTable([1, 8, 32], [500.0, 450.0, 300.0], max_tokens=64)
+    return str(write_sps_table(table, tmp_path_factory.mktemp("sps") / "sps.json"))
+
+
 @pytest.fixture
-def make_replica(qwen3_dir):
+def make_replica(qwen3_dir, sps_table):
     made = []
 
-    def make(mode: str = "compact", **fields) -> SGLangReplica:
-        made.append(SGLangReplica.func_or_class(app_config(qwen3_dir, mode, **fields)))
+    def make(mode: str = "compact", profiled: bool = True, **fields) -> SGLangReplica:
+        config = app_config(qwen3_dir, mode, sps_table if profiled else None, **fields)
+        made.append(SGLangReplica.func_or_class(config))
         return made[-1]
 
     yield make
@@ -169,20 +180,32 @@ def test_budget_moves_in_compact_mode_and_reads_back(make_replica):
     assert cleared["sglang"]["dspark_force_budget_frac"] is None and cleared["max_request_tokens"] is None
 
 
-def test_static_mode_refuses_a_budget_without_asking_sglang(make_replica):
-    """SGLang itself would answer True (a no-op in static mode): the replica must not pass that on."""
-    replica = make_replica("static")
+@pytest.mark.parametrize(
+    ("mode", "profiled", "why", "meaning"),
+    [
+        ("static", True, "static", "every drafted token is verified"),
+        ("compact", False, "without a profiled SPS table",
+         "every drafted token is verified (compact mode without a profiled SPS table)"),
+    ],
+)  # fmt: skip
+def test_a_budget_sglang_would_ignore_is_refused_without_asking_it(
+    make_replica, mode, profiled, why, meaning
+):
+    """SGLang itself would answer True (a no-op in static mode, and in compact mode with no profiled SPS
+    table, where its planner verifies all): the replica must not pass that on as applied."""
+    replica = make_replica(mode, profiled)
 
     async def run():
         with pytest.raises(InvalidRequestError) as refused:
             await replica.set_draft_budget({"max_request_tokens": 2})
-        return refused.value, await replica.set_draft_budget({})
+        events = [e async for e in replica.generate([3], greedy(10), "c")]
+        return refused.value, await replica.set_draft_budget({}), events[-1]
 
-    refused, unlimited = asyncio.run(run())
-    assert refused.field == "max_request_tokens" and "static" in refused.message
+    refused, unlimited, last = asyncio.run(run())
+    assert refused.field == "max_request_tokens" and why in refused.message
     assert replica.engine.seen.internal_state_requests == []
-    assert unlimited["sglang"] == {"verify_mode": "static", "dspark_force_budget_frac": None,
-                                   "meaning": "every drafted token is verified"}  # fmt: skip
+    assert unlimited["sglang"] == {"verify_mode": mode, "dspark_force_budget_frac": None, "meaning": meaning}
+    assert last.speculation.drafted_tokens == last.speculation.rounds * GAMMA  # SGLang verified all
 
 
 def test_health_fails_while_sglang_produces_nothing_and_when_it_exits(make_replica):

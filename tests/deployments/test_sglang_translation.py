@@ -201,7 +201,9 @@ def test_an_abort_without_status_is_a_finished_stream():
 
 @pytest.mark.parametrize(("k", "n"), [(k, n) for k in range(1, 7) for n in (1, 2, 3, 14, 48, 1000)])
 def test_a_mean_request_budget_gives_k_tokens_per_running_request(k, n):
-    frac = force_budget_frac(DraftBudget(max_request_tokens=k), gamma=7, verify_mode="compact")
+    frac = force_budget_frac(
+        DraftBudget(max_request_tokens=k), gamma=7, verify_mode="compact", sps_profiled=True
+    )
     assert (
         0 < frac <= 1 and int(frac * n * 7) == k * n
     )  # SGLang's own arithmetic (HostConfidenceBudgetPlanner)
@@ -209,15 +211,18 @@ def test_a_mean_request_budget_gives_k_tokens_per_running_request(k, n):
 
 
 def test_budgets_that_limit_nothing_clear_the_override():
-    assert force_budget_frac(DraftBudget(), 7, "static") is None
-    assert force_budget_frac(DraftBudget(max_request_tokens=7), 7, "compact") is None
-    assert force_budget_frac(DraftBudget(max_request_tokens=9), 7, "compact") is None
+    assert force_budget_frac(DraftBudget(), 7, "static", False) is None
+    assert force_budget_frac(DraftBudget(), 7, "compact", False) is None
+    assert force_budget_frac(DraftBudget(max_request_tokens=7), 7, "compact", True) is None
+    assert force_budget_frac(DraftBudget(max_request_tokens=9), 7, "compact", True) is None
 
 
 @pytest.mark.parametrize(
     ("budget", "mode", "field", "why"),
     [
         (DraftBudget(max_request_tokens=3), "static", "max_request_tokens", "verifies every drafted token"),
+        (DraftBudget(max_request_tokens=3), "verify-all", "max_request_tokens", "without a profiled SPS"),
+        (DraftBudget(max_step_tokens=8), "verify-all", "max_step_tokens", "(sglang.sps_table)"),
         (DraftBudget(max_step_tokens=8), "static", "max_step_tokens", "sglang.verify_mode: compact"),
         (DraftBudget(max_step_tokens=8), "compact", "max_step_tokens", "no fixed per-step cap"),
         (
@@ -230,17 +235,20 @@ def test_budgets_that_limit_nothing_clear_the_override():
     ],
 )
 def test_budgets_sglang_cannot_apply_are_refused_by_field(budget, mode, field, why):
+    """`verify-all`: compact mode without a profiled SPS table, where SGLang ignores the knob too."""
     with pytest.raises(InvalidRequestError, match="") as info:
-        force_budget_frac(budget, 7, mode)
+        force_budget_frac(budget, 7, "compact" if mode == "verify-all" else mode, mode == "compact")
     assert info.value.field == field and why in info.value.message
 
 
 def test_the_budget_in_force_says_what_sglang_does():
-    frac = force_budget_frac(DraftBudget(max_request_tokens=3), 7, "compact")
-    state = in_force(frac, 7, "compact")
+    frac = force_budget_frac(DraftBudget(max_request_tokens=3), 7, "compact", True)
+    state = in_force(frac, 7, "compact", True)
     assert state["max_request_tokens"] == 3 and state["max_step_tokens"] is None
     assert (
         state["sglang"]["dspark_force_budget_frac"] == frac
         and "not a per-request cap" in state["sglang"]["meaning"]
     )
-    assert in_force(None, 7, "static")["sglang"]["meaning"] == "every drafted token is verified"
+    assert in_force(None, 7, "static", False)["sglang"]["meaning"] == "every drafted token is verified"
+    assert "without a profiled SPS table" in in_force(None, 7, "compact", False)["sglang"]["meaning"]
+    assert in_force(None, 7, "compact", True)["sglang"]["meaning"] == "SGLang's SPS-optimal budget"

@@ -226,7 +226,30 @@ def check_with_sglang(launch: SGLangLaunch) -> dict[str, Any]:
             raise SGLangRefusal(_field_of(str(exc), launch), str(exc)) from None
         view = resolving_view(server_args)
         names = ("speculative_algorithm", "speculative_num_draft_tokens", "max_running_requests", "tp_size")
-        return {name: getattr(view, name) for name in names}
+        resolved = {name: getattr(view, name) for name in names}
+    if resolved["speculative_algorithm"] == "DSPARK" and "speculative_draft_model_path" in launch.server_args:
+        _check_drafter_with_sglang(launch, resolved["speculative_num_draft_tokens"])
+    return resolved
+
+
+def _check_drafter_with_sglang(launch: SGLangLaunch, num_draft_tokens: int) -> None:
+    """What SGLang checks of the draft checkpoint only as its worker starts (DSparkWorkerV2:
+    resolve_runtime_config; the draft backbone: its target_layer_ids), run ahead with SGLang's own
+    functions, so that a checkpoint it cannot serve (markov_rank 0, a tap on layer -1) is refused here."""
+    from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
+    from sglang.srt.speculative.dspark_components.dspark_config import resolve_runtime_config
+    from sglang.srt.utils.hf_transformers_utils import get_config
+
+    try:
+        draft = get_config(launch.server_args["speculative_draft_model_path"], trust_remote_code=False)
+        target = get_config(launch.server_args["model_path"], trust_remote_code=False)
+        resolve_runtime_config(draft_hf_config=draft, speculative_num_draft_tokens=num_draft_tokens,
+                               target_vocab_size=int(target.vocab_size))  # fmt: skip
+        parse_dflash_draft_config(draft_hf_config=draft).resolve_target_layer_ids(
+            target_num_layers=int(target.num_hidden_layers), draft_num_layers=int(draft.num_hidden_layers)
+        )
+    except (ValueError, TypeError, OSError) as exc:
+        raise SGLangRefusal(launch.origins["speculative_draft_model_path"], str(exc)) from None
 
 
 def _field_of(message: str, launch: SGLangLaunch) -> str:

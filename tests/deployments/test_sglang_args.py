@@ -85,3 +85,21 @@ def test_invalid_combinations_are_refused_by_sglang_naming_our_field(
     with pytest.raises(SGLangRefusal) as info:
         check_with_sglang(launch(qwen3_dir, drafter, engine, **fields))
     assert info.value.field == field and reason in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        (
+            {"markov_rank": 0, "markov_head_type": None, "confidence_head_with_markov": False},
+            "markov_rank > 0",
+        ),
+        ({"target_layer_ids": [-1, 1]}, "target_layer_ids"),
+    ],
+)
+def test_a_drafter_sglangs_worker_would_reject_is_refused_at_build_time(qwen3_dir, tmp_path, fields, reason):
+    """Checkpoints our engine serves and SGLang's DSpark worker rejects as it starts."""
+    drafter = save_untrained_dspark(qwen3_dir, tmp_path / "dspark", gamma=4, **fields)
+    with pytest.raises(SGLangRefusal) as info:
+        check_with_sglang(launch(qwen3_dir, drafter))
+    assert info.value.field == "engine.drafter_model" and reason in str(info.value), str(info.value)

@@ -80,6 +80,14 @@ def make_replica(qwen3_dir, sps_table):
         assert replica.engine.shut_down
 
 
+async def until(predicate, timeout_s: float = 30.0) -> None:
+    """Poll `predicate` on the running event loop; fail after `timeout_s`."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out waiting on the stand-in engine"
+        await asyncio.sleep(0.01)
+
+
 def greedy(n: int) -> SamplingParams:
     return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
 
@@ -121,8 +129,7 @@ def test_cancelling_a_stream_aborts_only_its_own_rid(make_replica):
             return [e async for e in replica.generate([1, 2], greedy(40), request_id)]
 
         short, other = asyncio.create_task(consume("r1")), asyncio.create_task(consume("r10"))
-        while len(replica.engine.running) < 2:
-            await asyncio.sleep(0.01)
+        await until(lambda: len(replica.engine.running) == 2)
         short.cancel()
         events = await other
         stats = await replica.record_routing_stats()
@@ -144,8 +151,7 @@ def test_abort_by_client_id_ends_every_stream_under_it_and_nothing_else(make_rep
             return [e async for e in replica.generate([1, 2], greedy(60), request_id)]
 
         tasks = [asyncio.create_task(consume(i)) for i in ("a", "a", "b")]
-        while len(replica.engine.running) < 3:
-            await asyncio.sleep(0.01)
+        await until(lambda: len(replica.engine.running) == 3)
         aborted = await replica.abort("a")
         return aborted, await asyncio.gather(*tasks), await replica.abort("nobody")
 
@@ -220,8 +226,7 @@ def test_health_fails_while_sglang_produces_nothing_and_when_it_exits(make_repli
     async def run():
         replica.engine.step_s = 30.0  # the stand-in's next verify round takes 30 s: a stalled GPU
         task = asyncio.create_task(anext(replica.generate([4], greedy(4), "slow")))
-        while not problem():
-            await asyncio.sleep(0.05)
+        await until(problem)
         found = problem()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

@@ -7,14 +7,21 @@ RayService's serveConfigV2 (the same application entry), and from Python:
 
 from __future__ import annotations
 
+import importlib.util
+import logging
+import os
 from pathlib import Path
 
 from ray.serve import Application
 
+from deployments import sglang_args
 from deployments.config import AppConfig
 from deployments.ingress import Ingress
 from deployments.replica import TargetReplica
+from deployments.sglang_replica import SGLangReplica
 from dspark.errors import ModelLoadError
+
+log = logging.getLogger(__name__)
 
 # What the Serve config's grpc_options.grpc_servicer_functions must list for the gRPC surface.
 GRPC_SERVICERS = [
@@ -30,21 +37,13 @@ def build_app(args: dict | AppConfig) -> Application:
             f"model directory {config.model!r} has no config.json (build it with `make models`)"
         )
     engine = config.engine_config()
-    tp = config.tensor_parallel_size
-    gpus = 1 if config.uses_gpu else 0
-    actor = {
-        "num_cpus": config.replica_num_cpus,
-        "num_gpus": gpus,
-        "resources": dict(config.replica_resources),
-    }
-    placement: dict = {"ray_actor_options": actor}
-    if tp > 1:
-        # Rank 0 (the replica, with the drafter) takes bundle 0; the other shards take the rest.
-        shard = {"CPU": config.replica_num_cpus, **config.replica_resources} | ({"GPU": 1} if gpus else {})
-        placement |= {"placement_group_bundles": [shard] * tp, "placement_group_strategy": "STRICT_PACK"}
+    if config.backend == "sglang":
+        replica_class, placement = _sglang_replica(config)
+    else:
+        replica_class, placement = TargetReplica, _builtin_placement(config)
     data = config.model_dump()
     per_replica = config.max_ongoing_requests or engine.max_num_seqs
-    replica = TargetReplica.options(
+    replica = replica_class.options(
         **_replica_count(config.num_replicas, config.autoscaling_config),
         max_ongoing_requests=per_replica,
         health_check_period_s=config.health_check_period_s,
@@ -60,6 +59,50 @@ def build_app(args: dict | AppConfig) -> Application:
         max_queued_requests=config.max_queued_requests,
         ray_actor_options={"num_cpus": config.ingress_num_cpus},
     ).bind(replica, data)
+
+
+def _builtin_placement(config: AppConfig) -> dict:
+    tp = config.tensor_parallel_size
+    gpus = 1 if config.uses_gpu else 0
+    actor = {
+        "num_cpus": config.replica_num_cpus,
+        "num_gpus": gpus,
+        "resources": dict(config.replica_resources),
+    }
+    placement: dict = {"ray_actor_options": actor}
+    if tp > 1:
+        # Rank 0 (the replica, with the drafter) takes bundle 0; the other shards take the rest.
+        shard = {"CPU": config.replica_num_cpus, **config.replica_resources} | ({"GPU": 1} if gpus else {})
+        placement |= {"placement_group_bundles": [shard] * tp, "placement_group_strategy": "STRICT_PACK"}
+    return placement
+
+
+def _sglang_replica(config: AppConfig) -> tuple:
+    """SGLang's replica and its placement. Its environment (verify mode, GPU visibility) travels as the
+    actor's runtime_env, which Ray hands on to the scheduler actors a RayEngine starts."""
+    launch = sglang_args.translate(config, os.environ)
+    if importlib.util.find_spec("sglang") is not None:
+        try:  # fail here, naming the field, rather than in every replica start
+            sglang_args.check_with_sglang(launch)
+        except ImportError as exc:  # sglang present, its GPU dependencies not (a CPU head node)
+            log.warning("SGLang cannot resolve arguments here (%r); replicas will", exc)
+    actor = {
+        "num_cpus": config.replica_num_cpus,
+        "resources": dict(config.replica_resources),
+        "runtime_env": {"env_vars": launch.env},
+    }
+    options = config.sglang or sglang_args.SGLangOptions()
+    if not launch.uses_ray_engine:
+        return SGLangReplica, {"ray_actor_options": actor | {"num_gpus": options.num_gpus}}
+    # RayEngine: the replica (tokenizer manager, detokenizer) holds no GPU; rank i's scheduler actor
+    # takes bundle i's, all on one node (SGLang's ranks talk over local ipc sockets).
+    first = {"CPU": config.replica_num_cpus, "GPU": 1, **config.replica_resources}
+    rest = {"GPU": 1, **config.replica_resources}
+    return SGLangReplica, {
+        "ray_actor_options": actor | {"num_gpus": 0},
+        "placement_group_bundles": [first] + [rest] * (config.tensor_parallel_size - 1),
+        "placement_group_strategy": "STRICT_PACK",
+    }
 
 
 def _replica_count(fixed: int, autoscaling: dict | None) -> dict:

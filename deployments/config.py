@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from ray.serve.config import AutoscalingConfig
 
+from deployments.sglang_args import SGLangOptions
 from dspark.config import EngineConfig
 
 
@@ -18,6 +20,12 @@ class AppConfig(BaseModel):
     # Any EngineConfig field except `model`: drafter, drafter_model, num_speculative_tokens, dtype, device,
     # kv_cache_memory_mb, max_num_seqs, max_model_len, ...
     engine: dict = Field(default_factory=dict)
+    # Which engine the target replicas run: the built-in torch engine, or SGLang's (GPU hosts with the
+    # sglang package; its DSpark implementation). With sglang, `engine` keeps the options that mean the
+    # same in both (drafter, drafter_model, num_speculative_tokens, dtype, max_num_seqs, max_model_len,
+    # seed, device) and `sglang` holds SGLang's own (deployments/sglang_args.py).
+    backend: Literal["builtin", "sglang"] = "builtin"
+    sglang: SGLangOptions | None = None
     tensor_parallel_size: int = Field(1, ge=1)
     num_replicas: int = Field(1, ge=1, description="target replicas; with autoscaling_config, Serve decides")
     # The ingress holds no request state (Abort reaches every target replica), so it scales out freely.
@@ -98,6 +106,17 @@ class AppConfig(BaseModel):
             raise ValueError(f"engine: {exc}") from None
         return self
 
+    @model_validator(mode="after")
+    def _sglang_fields(self) -> AppConfig:
+        if self.backend != "sglang":
+            if self.sglang is not None:
+                raise ValueError("sglang: SGLang's options apply with backend: sglang only")
+            return self
+        from deployments.sglang_args import translate
+
+        translate(self, {})  # refuses, by name, what SGLang has no counterpart for
+        return self
+
     def engine_config(self) -> EngineConfig:
         return EngineConfig(model=str(Path(self.model).expanduser().resolve()), **self.engine)
 
@@ -132,4 +151,5 @@ class AppConfig(BaseModel):
 
     @property
     def uses_gpu(self) -> bool:
-        return str(self.engine.get("device", "cpu")).startswith("cuda")
+        default = "cuda" if self.backend == "sglang" else "cpu"
+        return str(self.engine.get("device", default)).startswith("cuda")

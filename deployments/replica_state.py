@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 from dspark.draft_budget import DraftBudget
 from dspark.engine import Engine
-from dspark.errors import InvalidRequestError
 from dspark.sequence import Status
 
 
@@ -72,13 +71,5 @@ def snapshot(engine: Engine) -> dict:
 
 def set_draft_budget(engine: Engine, budget: dict) -> dict:
     """Replace the budget while requests run (next step obeys it); returns the budget now in force."""
-    try:
-        new = DraftBudget(**budget)
-    except TypeError:
-        known = {"max_step_tokens", "max_request_tokens", "max_request_tokens_by_class"}
-        unknown = sorted(set(budget) - known)
-        raise InvalidRequestError(
-            unknown[0] if unknown else "budget", f"unknown field; known: {sorted(known)}"
-        ) from None
-    engine.set_draft_budget(new)
+    engine.set_draft_budget(DraftBudget.from_dict(budget))
     return draft_budget(engine)

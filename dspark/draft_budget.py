@@ -34,6 +34,19 @@ class DraftBudget:
         if not all(isinstance(k, str) for k in self.max_request_tokens_by_class):
             raise InvalidRequestError("max_request_tokens_by_class", "SLA class names must be strings")
 
+    @staticmethod
+    def from_dict(budget: Mapping) -> DraftBudget:
+        """A budget as the admin API sends it (JSON); an unknown field is refused by name."""
+        known = {"max_step_tokens", "max_request_tokens", "max_request_tokens_by_class"}
+        if unknown := sorted(set(budget) - known):
+            raise InvalidRequestError(unknown[0], f"unknown field; known: {sorted(known)}")
+        return DraftBudget(**budget)
+
+    @property
+    def unlimited(self) -> bool:
+        """No limit beyond the engine's own."""
+        return self == DraftBudget()
+
     def request_cap(self, sla_class: str | None) -> int | None:
         """The most drafted tokens one request of this SLA class may verify per round."""
         return self.max_request_tokens_by_class.get(sla_class, self.max_request_tokens)

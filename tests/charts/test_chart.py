@@ -13,10 +13,12 @@ import pytest
 import yaml
 from manifests import embedded_core_objects, errors, kuberay_errors
 from ray.serve.schema import ServeDeploySchema
+from sglang_cpu import install_torchvision_stand_in
 
 from deployments.app import GRPC_SERVICERS, build_app
 from deployments.config import AppConfig
 from scripts.chart import CHART, lint, manifests, profiles
+from tests.drafter_service.drafter_fixtures import save_untrained_dspark
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILES = profiles()
@@ -62,7 +64,7 @@ def test_every_manifest_validates(profile):
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-def test_serve_config_builds_the_app(profile, qwen3_dir):
+def test_serve_config_builds_the_app(profile, qwen3_dir, tmp_path):
     """The chart and the code agree: Serve accepts the rendered config, build_app accepts its args."""
     config = serve_config(PROFILES[profile])
     schema = ServeDeploySchema.model_validate(config)
@@ -72,7 +74,12 @@ def test_serve_config_builds_the_app(profile, qwen3_dir):
     assert app["import_path"] == "deployments.app:build_app"
     args = AppConfig(**app["args"])
     # The checkpoint lives in the cluster; the test model stands in for it (nothing else changes).
-    assert build_app(args.model_copy(update={"model": str(qwen3_dir)})) is not None
+    update = {"model": str(qwen3_dir)}
+    if args.backend == "sglang":  # SGLang's own resolution (build_app runs it) reads the drafter's config
+        install_torchvision_stand_in()  # where sglang is installed for the CPU tests (tests/sglang_cpu.py)
+        drafter = save_untrained_dspark(qwen3_dir, tmp_path / "dspark", gamma=7)
+        update["engine"] = args.engine | {"drafter_model": str(drafter)}
+    assert build_app(args.model_copy(update=update)) is not None
 
 
 def test_local_config_round_trips_through_the_chart():

@@ -57,3 +57,20 @@ def train_tiny_stack(
     for name, model in models.items():
         save_drafter(model, target_dir.parent / "drafters" / name)
     return models
+
+
+def save_untrained_dspark(target_dir: Path, directory: Path, gamma: int = 4, **fields) -> Path:
+    """A DSpark drafter with random weights for the target in `target_dir`, saved in DeepSpec's layout:
+    for loaders and launchers, which read its files, not for acceptance."""
+    from drafter_service.models.checkpoint import build_drafter
+    from dspark.checkpoint import load_checkpoint
+    from dspark.model import CausalLM
+
+    target = CausalLM.from_checkpoint(load_checkpoint(target_dir, load_tokenizer=False))
+    t = AutoConfig.from_pretrained(target_dir)
+    args = dict(target_layer_ids=[0, 1], mask_token_id=1, block_size=gamma, num_anchors=8, markov_rank=8,
+                markov_head_type="vanilla", enable_confidence_head=True,
+                confidence_head_with_markov=True)  # fmt: skip
+    cfg = DrafterConfig.for_target(t, "dspark", **(args | fields))
+    save_drafter(build_drafter(cfg, target.model.embed_tokens, target.lm_head), directory)
+    return directory

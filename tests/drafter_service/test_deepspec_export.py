@@ -70,9 +70,9 @@ def test_export_is_deepspec_layout_field_by_field_and_key_by_key(tmp_path, qwen3
     assert shapes == tensor_shapes(deepspec)
 
 
-# SGLang's DSpark loader (sglang 0.5.23 srt/models/dspark.py load_weights, as /work/notes/sglang.md
-# records it) cannot run here (a CUDA engine): a stand-in checks the names it routes and the config
-# fields it requires.
+# A stand-in for SGLang's DSpark loader (sglang 0.5.23 srt/models/dspark.py load_weights): the names it
+# routes and the config fields it requires, checked without SGLang. Where sglang is installed,
+# test_sglang_interchange.py runs SGLang's own draft model and loader on the checkpoint.
 SGLANG_ROUTED = [
     r"(embed_tokens|lm_head)\.weight",  # skipped: the target's are shared
     r"markov_head\.(markov_w1|markov_w2)\.weight",

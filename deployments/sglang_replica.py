@@ -1,0 +1,286 @@
+"""SGLangReplica: SGLang's engine (with its own DSpark) as a target replica, same surface as TargetReplica.
+
+Deployed under the same name (`TargetReplica`), so the ingress, GetLoads and the router see no
+difference: `generate` streams our StreamEvents, `record_routing_stats` publishes load from SGLang's own
+load snapshots, `check_health` reports a stalled or exiting engine, `set_draft_budget` is the
+controller's actuator, and `__del__` shuts SGLang down after Serve's graceful drain.
+
+The engine is `sglang.Engine` (TP 1: its scheduler and detokenizer are child processes of this replica)
+or `sglang.srt.ray.engine.RayEngine` (TP > 1: one scheduler actor per rank in this replica's placement
+group, one GPU per bundle). Only SGLang's asynchronous tokenizer-manager calls are used, on this
+replica's event loop: the Engine's synchronous helpers run their own loop and would block this one.
+
+Telemetry: each request runs in a span of ours, "{operation} {model}" (GenAI naming), the child of the
+caller's span when the ingress passes its W3C context (`trace_context`); its own context goes to SGLang as
+`external_trace_header`, so SGLang's spans (exported to the same OTLP endpoint, sglang_args.py) join the
+trace. The spans use the OpenTelemetry API only: until a tracer provider is installed in this process,
+they cost nothing and go nowhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from opentelemetry import propagate, trace
+from ray import serve
+
+from deployments import sglang_budget
+from deployments.config import AppConfig
+from deployments.events import StreamEvent
+from deployments.replica_state import TauWindow
+from deployments.sglang_args import translate
+from deployments.sglang_artifacts import is_profiled_sps_table, read_sps_points
+from deployments.sglang_events import ChunkReader, sampling_params
+from dspark.async_engine import CALL_TIMEOUT_S
+from dspark.draft_budget import DraftBudget
+from dspark.errors import InvalidRequestError
+from dspark.outputs import SpeculationStats
+from dspark.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("deployments.sglang_replica")
+TEXT_COMPLETION = "text_completion"  # gen_ai.operation.name of /v1/completions and gRPC Generate
+
+
+@serve.deployment(name="TargetReplica")
+class SGLangReplica:
+    def __init__(self, config: dict) -> None:
+        self.config = AppConfig(**config)
+        self.launch = translate(self.config, os.environ)
+        os.environ.update(self.launch.env)  # SGLang reads them here and in its child processes
+        module, _, name = self.launch.engine_class.partition(":")
+        engine_class = getattr(importlib.import_module(module), name)
+        kwargs = dict(self.launch.server_args)
+        if self.launch.uses_ray_engine:
+            import ray
+
+            # Serve's placement group of this replica: bundle i holds rank i's GPU.
+            kwargs["placement_group"] = ray.util.get_current_placement_group()
+        self.engine = engine_class(**kwargs)
+        self.tokenizer_manager = self.engine.tokenizer_manager
+        self.stats_timeout_s = CALL_TIMEOUT_S
+        self._streams: dict[str, str] = {}  # SGLang rid -> the client's request id, in flight
+        self._last_output = time.monotonic()
+        self._tau = TauWindow()
+        self._rounds = self._accepted = self._finished = self._aborted = 0
+        self._budget_frac: float | None = None
+        self._gamma: int | None = self.launch.gamma
+        self._last_stats: dict = {}
+        sps = self.launch.server_args.get("speculative_dspark_sps_table_path")
+        self._sps_table = read_sps_points(sps) if sps else None
+        self._sps_profiled = is_profiled_sps_table(sps)  # else SGLang's compact mode verifies all
+
+    async def generate(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        trace_context: dict[str, str] | None = None,
+        operation: str = TEXT_COMPLETION,
+    ) -> AsyncIterator[StreamEvent]:
+        """Stream one request; cancelling this call (client gone) or `abort(request_id)` aborts it inside
+        SGLang. `request_id` is the client's label; SGLang sees a unique rid of ours. `trace_context`: the
+        caller's W3C context, which this request's span continues; `operation`: the GenAI operation."""
+        # SGLang aborts by rid PREFIX (scheduler.py: req.rid.startswith(rid)); fixed-length uuids never
+        # prefix one another, whatever ids clients choose.
+        rid = uuid.uuid4().hex
+        reader = ChunkReader(request_id, len(prompt_token_ids))
+        # A span of its own, not the current one: this generator suspends at every yield.
+        parent = propagate.extract(trace_context) if trace_context else None
+        span = tracer.start_span(f"{operation} {self.config.model_name}", context=parent)
+        span.set_attributes(_request_attributes(operation, self.config.model_name, request_id, params))
+        header: dict[str, str] = {}
+        propagate.inject(header, context=trace.set_span_in_context(span))
+        finished = False
+        try:
+            stream = await self.engine.async_generate(
+                input_ids=list(prompt_token_ids),
+                sampling_params=sampling_params(params),
+                stream=True,
+                rid=rid,
+                external_trace_header=header or None,
+            )
+            self._streams[rid] = request_id
+            try:
+                async for chunk in stream:
+                    self._last_output = time.monotonic()
+                    event = reader.event(chunk)
+                    if event is None:
+                        continue
+                    finished = event.finished
+                    if finished:
+                        self._count_finished(event)
+                        span.set_attributes(_result_attributes(event))
+                    yield event
+                    if finished:
+                        return
+            finally:
+                self._streams.pop(rid, None)
+                if not finished:
+                    self._aborted += 1
+                    self.tokenizer_manager.abort_request(rid)  # idempotent, fire-and-forget
+                await stream.aclose()
+        except BaseException as exc:
+            if not isinstance(exc, GeneratorExit | asyncio.CancelledError):
+                span.record_exception(exc)
+                span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
+            raise
+        finally:
+            span.set_attribute("dspark.finished", finished)
+            span.end()
+
+    async def abort(self, request_id: str) -> int:
+        """End every request running here under this client id (Abort fans out to every replica); SGLang
+        then ends each stream with finish_reason abort."""
+        rids = [rid for rid, client in self._streams.items() if client == request_id]
+        for rid in rids:
+            self.tokenizer_manager.abort_request(rid)
+        return len(rids)
+
+    def _count_finished(self, event: StreamEvent) -> None:
+        self._finished += 1
+        self._aborted += event.finish_reason == "abort"
+        self._rounds += event.speculation.rounds
+        self._accepted += event.speculation.accepted_tokens
+
+    async def model_info(self) -> dict:
+        return {
+            "max_model_len": int(self.tokenizer_manager.context_len),
+            "vocab_size": int(self.tokenizer_manager.model_config.vocab_size),
+            "drafter": self.config.engine.get("drafter", "none"),
+            "num_speculative_tokens": await self._block_size(),
+            "tensor_parallel_size": self.config.tensor_parallel_size,
+            "backend": "sglang",
+        }
+
+    async def _block_size(self) -> int | None:
+        """gamma as SGLang resolved it (its verify window minus the bonus token)."""
+        if self._gamma is None and self.config.engine.get("drafter") == "dspark":
+            state = (await self._internal_state())[0]
+            self._gamma = int(state["speculative_num_draft_tokens"]) - 1
+        return self._gamma
+
+    async def record_routing_stats(self) -> dict:
+        """What the router scores replicas by, from SGLang's load snapshots; the last good reading if
+        SGLang is slow to answer."""
+        try:
+            loads = await asyncio.wait_for(self.tokenizer_manager.get_loads(), self.stats_timeout_s)
+        except Exception as exc:
+            log.warning("SGLang load unavailable (%r); publishing the last reading", exc)
+            return {**self._last_stats, "healthy": False}
+        capacity = sum(load.max_total_num_tokens for load in loads)
+        used = sum(load.num_used_tokens for load in loads)
+        stats = {
+            "backend": "sglang",
+            "running_requests": sum(load.num_running_reqs for load in loads),
+            "queued_requests": sum(load.num_waiting_reqs for load in loads),
+            "queued_prefill_tokens": sum(load.num_waiting_uncached_tokens for load in loads),
+            "kv_total_tokens": capacity,
+            "kv_headroom": (capacity - used) / capacity if capacity else 0.0,
+            "max_num_seqs": sum(load.max_running_requests for load in loads),
+            "finished_requests": self._finished,
+            "aborted_requests": self._aborted,
+            "recent_tau": self._tau.update(self._rounds, self._accepted),
+            "draft_budget": self._budget_in_force(self._budget_frac, self._gamma),
+            "sps_table": self._sps_table,
+            "healthy": self._problem() is None,
+            "replica_id": _replica_id(),
+        }
+        self._last_stats = stats
+        return stats
+
+    async def get_state(self) -> dict:
+        """Admin: the routing stats plus SGLang's own state (first DP rank) and the model."""
+        stats = await self.record_routing_stats()
+        state = (await self._internal_state())[0]
+        keep = ("avg_spec_accept_length", "last_gen_throughput", "effective_max_running_requests_per_dp")
+        engine = {key: state[key] for key in keep if key in state}
+        return {**stats, "engine": engine, "model": await self.model_info()}
+
+    async def set_draft_budget(self, budget: dict) -> dict:
+        """Admin: the controller's actuator. Applies what SGLang can apply faithfully, refuses the rest
+        (InvalidRequestError naming the field, sglang_budget.py); returns the budget in force."""
+        parsed = DraftBudget.from_dict(budget)
+        gamma = await self._block_size()
+        if self.config.engine.get("drafter") != "dspark" or gamma is None:
+            if parsed.unlimited:
+                return self._budget_in_force(None, None)
+            raise _no_drafter()
+        frac = sglang_budget.force_budget_frac(parsed, gamma, self.launch.verify_mode, self._sps_profiled)
+        if self.launch.verify_mode == "compact" and self._sps_profiled:
+            from sglang.srt.managers.io_struct import SetInternalStateReq
+
+            request = SetInternalStateReq(server_args={sglang_budget.KNOB: frac})
+            applying = self.tokenizer_manager.set_internal_state(request)
+            updated = await asyncio.wait_for(applying, CALL_TIMEOUT_S)
+            if not all(updated):
+                raise RuntimeError(f"SGLang did not apply {sglang_budget.KNOB}={frac} (per rank: {updated})")
+            self._budget_frac = frac
+        return self._budget_in_force(self._budget_frac, gamma)
+
+    def _budget_in_force(self, frac: float | None, gamma: int | None) -> dict:
+        return sglang_budget.in_force(frac, gamma, self.launch.verify_mode, self._sps_profiled)
+
+    async def _internal_state(self) -> list[dict]:
+        return await asyncio.wait_for(self.tokenizer_manager.get_internal_state(), self.stats_timeout_s)
+
+    def check_health(self) -> None:
+        problem = self._problem()
+        if problem is not None:
+            raise RuntimeError(f"replica unhealthy: {problem}")
+
+    def _problem(self) -> str | None:
+        if self.tokenizer_manager.gracefully_exit:
+            return "SGLang is shutting down"
+        quiet = time.monotonic() - self._last_output
+        if self._streams and quiet > self.config.stuck_after_s:
+            return f"no output from SGLang for {quiet:.0f}s with {len(self._streams)} requests in flight"
+        return None
+
+    def __del__(self) -> None:
+        # Serve first waits for in-flight requests (graceful_shutdown_timeout_s); SGLang's shutdown then
+        # ends its schedulers (RayEngine: kills its actors) and the detokenizer.
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.shutdown()
+
+
+def _no_drafter() -> InvalidRequestError:
+    return InvalidRequestError("budget", "this replica serves without a drafter: there is no draft budget")
+
+
+def _request_attributes(operation: str, model: str, request_id: str, params: SamplingParams) -> dict:
+    return {
+        "gen_ai.operation.name": operation,
+        "gen_ai.request.model": model,
+        "gen_ai.request.max_tokens": params.max_tokens,
+        "gen_ai.request.temperature": params.temperature,
+        "dspark.request_id": request_id,
+        "dspark.backend": "sglang",
+    }
+
+
+def _result_attributes(event: StreamEvent) -> dict:
+    spec: SpeculationStats = event.speculation
+    return {
+        "gen_ai.usage.input_tokens": event.prompt_tokens,
+        "gen_ai.usage.output_tokens": event.completion_tokens,
+        "gen_ai.response.finish_reasons": [event.finish_reason or ""],
+        "dspark.rounds": spec.rounds,
+        "dspark.verified_tokens": spec.drafted_tokens,
+        "dspark.accepted_tokens": spec.accepted_tokens,
+        "dspark.mean_accept_length": spec.mean_accept_length,
+    }
+
+
+def _replica_id() -> str:
+    try:
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # outside Serve (tests calling the class directly)
+        return "local"

@@ -1,4 +1,5 @@
-"""Automatic prefix caching: which full KV pages of earlier prompts a new prompt can reuse.
+"""Automatic prefix caching: which full KV pages of earlier prompts a new prompt can reuse
+(docs/ALGORITHM.md §12).
 
 A page is named by a hash chained over every token up to its end (the hash of the page before it and
 its own token ids), so two prompts share page k exactly when their first (k + 1) pages of tokens are

@@ -36,7 +36,7 @@ class EngineConfig:
     # Reuse the K/V of full prompt pages between requests whose prompts start alike (dspark/prefix_cache.py).
     # On by default, as in vLLM v1: reuse is exact (pages are matched on their tokens, never written
     # while shared), so output is unchanged and only repeated prefill is saved. Cached pages carry
-    # the hidden states a learned drafter reads (its tapped layers' width per token, beside the K/V).
+    # the hidden states a learned drafter reads (its tapped layers' width per token, in host memory).
     enable_prefix_caching: bool = True
     seed: int = 0
     scheduler: str = "dspark"

@@ -428,7 +428,9 @@ class Engine:
         if not cached:
             return
         tokens = [t for entry in cached for t in entry.tokens]
-        hidden = torch.cat([entry.payload for entry in cached]) if self._needs_context else None
+        hidden = None
+        if self._needs_context:
+            hidden = torch.cat([entry.payload for entry in cached]).to(self.runner.device)
         seq.num_computed += len(tokens)
         seq.num_cached_tokens += len(tokens)
         self.stats.cached_prompt_tokens += len(tokens)
@@ -443,8 +445,16 @@ class Engine:
             seq.unsettled_hidden.append(hidden)
         rows = torch.cat(seq.unsettled_hidden) if seq.unsettled_hidden else None
         size = self.pages.page_size
-        payload_of = None if rows is None else (lambda i: rows[i * size : (i + 1) * size].clone())
-        settled = self.pages.publish(seq.request_id, seq.num_computed, payload_of)
+        host: list[torch.Tensor] = []
+
+        def payload_of(i: int) -> torch.Tensor:
+            # In host memory: the device holds exactly the K/V it was sized for, and the context of a
+            # cached page crosses back only when a request reuses it. One transfer per chunk.
+            if not host:
+                host.append(rows.to("cpu"))
+            return host[0][i * size : (i + 1) * size].clone()
+
+        settled = self.pages.publish(seq.request_id, seq.num_computed, None if rows is None else payload_of)
         done = seq.num_computed >= len(seq.prompt_token_ids)
         seq.unsettled_hidden = [] if rows is None or done else [rows[settled * size :]]
 

@@ -260,10 +260,10 @@ class Engine:
         t_forward = time.perf_counter()
         result = self.runner.forward(items, self.drafter.target_layer_ids)
         forward_time = time.perf_counter() - t_forward
-        self.stats.forward_tokens += sum(len(item.token_ids) for item in items)
-        self.stats.prefill_tokens += sum(len(items[i].token_ids) for i in range(len(decoding), len(items)))
+        num_tokens = sum(len(item.token_ids) for item in items)
+        self.stats.forward_tokens += num_tokens
+        self.stats.prefill_tokens += sum(len(item.token_ids) for item in items[len(decoding) :])
         if self.cost_table is not None and self.config.cost_table_ema > 0:
-            num_tokens = sum(len(item.token_ids) for item in items)
             self.cost_table.observe(num_tokens, forward_time, self.config.cost_table_ema)
 
         accepted_total = 0

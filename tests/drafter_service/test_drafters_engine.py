@@ -66,9 +66,11 @@ def test_greedy_identical_with_prefix_caching(stack, drafter):
     expected = LLM(str(stack), num_kv_pages=64, enable_prefix_caching=False).generate(prompts, GREEDY)
     runs = {}
     for caching in (False, True):
+        # A fixed verify length: the load-aware schedulers' choices depend on measured step times.
         llm = LLM(
             str(stack),
             drafter=drafter,
+            scheduler="fixed",
             num_speculative_tokens=4,
             num_kv_pages=64,
             max_num_seqs=4,

@@ -21,6 +21,7 @@ class StreamEvent:
     prompt_tokens: int
     completion_tokens: int
     speculation: SpeculationStats
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache (OpenAI's cached_tokens)
 
     @staticmethod
     def of(out: RequestOutput) -> StreamEvent:
@@ -33,6 +34,7 @@ class StreamEvent:
             len(out.prompt_token_ids),
             len(out.token_ids),
             out.speculation,
+            out.num_cached_tokens,
         )
 
     @staticmethod
@@ -53,4 +55,5 @@ class StreamEvent:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         }

@@ -44,7 +44,12 @@ def _final(rid: str, last: StreamEvent) -> pb.GenerateResponse:
         request_id=rid,
         final=pb.Final(
             finish_reason=last.finish_reason or "",
-            usage=pb.Usage(**last.usage()),
+            usage=pb.Usage(
+                prompt_tokens=last.prompt_tokens,
+                completion_tokens=last.completion_tokens,
+                total_tokens=last.prompt_tokens + last.completion_tokens,
+                cached_tokens=last.cached_tokens,
+            ),
             speculation=pb.SpeculationStats(
                 rounds=s.rounds,
                 drafted_tokens=s.drafted_tokens,

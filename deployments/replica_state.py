@@ -1,7 +1,9 @@
 """A target replica's state as data: the load it publishes for the router, and its draft budget.
 
 Pure functions of an Engine, no Ray. They run on the engine thread between steps (AsyncEngine.call),
-so they see a consistent engine; `TauWindow` turns cumulative counters into the recent τ.
+so they see a consistent engine; `TauWindow` turns cumulative counters into the recent τ. With prefix
+caching the snapshot names the cached prompt pages, so a router can predict the prefill a prompt
+would skip on each replica (`prefix_cache`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,18 @@ def sps_table(engine: Engine) -> list[list[float]] | None:
     return [[b, round(r, 3)] for b, r in zip(table.points, table.smoothed)]
 
 
+def prefix_cache(engine: Engine) -> dict:
+    """The prefix cache as the router sees it: the short hashes of cached pages at the start of
+    prompts, from which `dspark.prefix_cache.cached_prefix_tokens(prompt_token_ids, summary)` predicts
+    the prefill a prompt would skip here, and the prompt tokens served from the cache so far."""
+    stats = engine.stats
+    return {
+        **engine.pages.routing_summary(),
+        "prompt_tokens": stats.prompt_tokens,
+        "cached_prompt_tokens": stats.cached_prompt_tokens,
+    }
+
+
 def snapshot(engine: Engine) -> dict:
     seqs = list(engine.seqs.values())
     queued = [s for s in seqs if s.status is Status.PREFILL]
@@ -66,6 +80,7 @@ def snapshot(engine: Engine) -> dict:
         "accepted_tokens": engine.stats.accepted_tokens,
         "draft_budget": draft_budget(engine),
         "sps_table": sps_table(engine),
+        "prefix_cache": prefix_cache(engine),
     }
 
 

@@ -33,6 +33,11 @@ class EngineConfig:
     # Tokens per forward across the batch; long prompts are prefilled in chunks of what is left.
     max_num_batched_tokens: int = 1024
     max_model_len: int | None = None  # default: the model's max_position_embeddings
+    # Reuse the K/V of full prompt pages between requests whose prompts start alike (dspark/prefix_cache.py).
+    # On by default, as in vLLM v1: reuse is exact (pages are matched on their tokens, never written
+    # while shared), so output is unchanged and only repeated prefill is saved. Cached pages carry
+    # the hidden states a learned drafter reads (its tapped layers' width per token, in host memory).
+    enable_prefix_caching: bool = True
     seed: int = 0
     scheduler: str = "dspark"
     confidence_threshold: float = 0.5  # threshold mode: verify drafts whose prefix survival reaches it

@@ -31,6 +31,7 @@ from dspark.drafter_guard import DrafterGuard
 from dspark.errors import AdmissionError, EngineDeadError, InvalidRequestError
 from dspark.kv_cache import PageManager
 from dspark.outputs import RequestOutput
+from dspark.prefix_cache import CachedPage
 from dspark.request_failure import FailureWindow, check_logits, request_failure
 from dspark.runner import ForwardItem
 from dspark.sampling import greedy, probs_from_logits, sample
@@ -69,7 +70,7 @@ class Engine:
         self.max_model_len = min(
             config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings
         )
-        self.pages = PageManager(self.runner.kv.num_pages, config.kv_page_size)
+        self.pages = PageManager(self.runner.kv.num_pages, config.kv_page_size, config.enable_prefix_caching)
         self.drafter = drafter or create_drafter(
             config.drafter,
             num_speculative_tokens=config.num_speculative_tokens,
@@ -121,6 +122,7 @@ class Engine:
         """Load SPS(B) for this model, hardware and configuration from the cache, or profile it."""
         if self.seqs:
             raise RuntimeError("profiling overwrites the KV cache: only while no request is running")
+        self.pages.clear_cache()  # the cached prompt pages are about to be overwritten
         config = self.config
         shape = ProfileShape(
             max_tokens=config.max_num_batched_tokens,
@@ -189,7 +191,7 @@ class Engine:
                 f"engine full: {len(self.seqs)} of max_num_seqs={self.config.max_num_seqs} running"
             )
         # The last generated token is never run through the target, so this is the most K/V it can hold.
-        self.pages.reserve(request_id, len(ids) + params.max_tokens)
+        cached = self.pages.reserve(request_id, len(ids) + params.max_tokens, ids, self._needs_context)
         generator = None
         if not params.greedy:
             seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
@@ -203,6 +205,7 @@ class Engine:
             generator,
         )
         self.stats.prompt_tokens += len(ids)
+        self._reuse(self.seqs[request_id], cached)
         return request_id
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -257,8 +260,10 @@ class Engine:
         t_forward = time.perf_counter()
         result = self.runner.forward(items, self.drafter.target_layer_ids)
         forward_time = time.perf_counter() - t_forward
+        num_tokens = sum(len(item.token_ids) for item in items)
+        self.stats.forward_tokens += num_tokens
+        self.stats.prefill_tokens += sum(len(item.token_ids) for item in items[len(decoding) :])
         if self.cost_table is not None and self.config.cost_table_ema > 0:
-            num_tokens = sum(len(item.token_ids) for item in items)
             self.cost_table.observe(num_tokens, forward_time, self.config.cost_table_ema)
 
         accepted_total = 0
@@ -297,6 +302,9 @@ class Engine:
         for seq in prefilling:
             if budget <= 0:
                 break
+            # Pages other requests committed since this one arrived (a shared prompt prefilled
+            # alongside) are reused rather than computed again.
+            self._reuse(seq, self.pages.reuse_cached(seq.request_id, seq.num_computed, self._needs_context))
             n = min(len(seq.prompt_token_ids) - seq.num_computed, budget)
             tokens = seq.prompt_token_ids[seq.num_computed : seq.num_computed + n]
             done = seq.num_computed + n == len(seq.prompt_token_ids)
@@ -395,8 +403,10 @@ class Engine:
         seq.num_computed += len(item.token_ids)
         self.draft_guard.add_context(self.drafter, seq.request_id, item.token_ids, hidden)
         if seq.num_computed < len(seq.prompt_token_ids):
+            self._publish(seq, hidden)
             return
         check_logits(logits[-1:])
+        self._publish(seq, hidden)
         seq.status = Status.DECODE
         seq.first_token_time = time.monotonic()
         row = logits[-1]
@@ -404,6 +414,49 @@ class Engine:
             greedy(row) if seq.params.greedy else sample(probs_from_logits(row, seq.params), seq.generator)
         )
         self._emit(seq, [token])
+
+    # ---- prefix caching (dspark/prefix_cache.py) ----------------------------------------------------
+
+    @property
+    def _needs_context(self) -> bool:
+        """Whether the drafter reads hidden states: then only pages that carry them are reused."""
+        return bool(self.drafter.target_layer_ids)
+
+    def _reuse(self, seq: Sequence, cached: list[CachedPage]) -> None:
+        """`cached` pages joined seq's table: their tokens count as computed, and the drafter gets the
+        hidden states the target produced for them when they were prefilled."""
+        if not cached:
+            return
+        tokens = [t for entry in cached for t in entry.tokens]
+        hidden = None
+        if self._needs_context:
+            hidden = torch.cat([entry.payload for entry in cached]).to(self.runner.device)
+        seq.num_computed += len(tokens)
+        seq.num_cached_tokens += len(tokens)
+        self.stats.cached_prompt_tokens += len(tokens)
+        self.draft_guard.add_context(self.drafter, seq.request_id, tokens, hidden)
+
+    def _publish(self, seq: Sequence, hidden) -> None:
+        """Offer the prompt pages this chunk filled to the prefix cache, each with its tokens' hidden
+        states; keep the rows of a page not yet full until it is."""
+        if not self.pages.prefix_caching:
+            return
+        if hidden is not None:
+            seq.unsettled_hidden.append(hidden)
+        rows = torch.cat(seq.unsettled_hidden) if seq.unsettled_hidden else None
+        size = self.pages.page_size
+        host: list[torch.Tensor] = []
+
+        def payload_of(i: int) -> torch.Tensor:
+            # In host memory: the device holds exactly the K/V it was sized for, and the context of a
+            # cached page crosses back only when a request reuses it. One transfer per chunk.
+            if not host:
+                host.append(rows.to("cpu"))
+            return host[0][i * size : (i + 1) * size].clone()
+
+        settled = self.pages.publish(seq.request_id, seq.num_computed, None if rows is None else payload_of)
+        done = seq.num_computed >= len(seq.prompt_token_ids)
+        seq.unsettled_hidden = [] if rows is None or done else [rows[settled * size :]]
 
     def _emit(self, seq: Sequence, tokens: list[int]) -> None:
         """Append tokens one by one, stopping exactly where plain decoding would have stopped."""

@@ -36,6 +36,7 @@ class RequestOutput:
     finish_reason: str | None  # "stop" | "length" | "abort" | "error"
     speculation: SpeculationStats
     error: Exception | None = None  # a RequestFailedError when finish_reason is "error"
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (vLLM's num_cached_tokens)
 
     @staticmethod
     def of(seq: Sequence) -> RequestOutput:
@@ -53,4 +54,5 @@ class RequestOutput:
                 seq.rounds, seq.verified_draft_tokens, seq.accepted_draft_tokens, seq.mean_accept_length
             ),
             error=seq.error,
+            num_cached_tokens=seq.num_cached_tokens,
         )

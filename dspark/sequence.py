@@ -28,6 +28,10 @@ class Sequence:
     generator: torch.Generator | None
     output_token_ids: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens whose K/V are committed in the cache
+    num_cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache (not computed)
+    # Hidden states of prompt tokens computed since the last full page, until the prefix cache takes
+    # their page (engine._publish).
+    unsettled_hidden: list[torch.Tensor] = field(default_factory=list)
     status: Status = Status.PREFILL
     finish_reason: str | None = None
     error: Exception | None = None  # why the engine stopped it, when finish_reason is "error"

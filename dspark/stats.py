@@ -12,6 +12,9 @@ from dspark.draft_budget import DraftBudget
 @dataclass
 class EngineStats:
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
+    prefill_tokens: int = 0  # prompt tokens the target ran (the rest were cached)
+    forward_tokens: int = 0  # tokens through target forwards: prefill, anchors and verified drafts
     generated_tokens: int = 0
     steps: int = 0
     rounds: int = 0  # verify rounds summed over requests
@@ -67,6 +70,12 @@ class EngineStats:
         recent = sorted(self.recent_step_ms)
         return {
             "prompt_tokens": self.prompt_tokens,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
+            "prefix_cache_hit_rate": round(self.cached_prompt_tokens / self.prompt_tokens, 4)
+            if self.prompt_tokens
+            else 0.0,
+            "prefill_tokens": self.prefill_tokens,
+            "forward_tokens": self.forward_tokens,
             "generated_tokens": self.generated_tokens,
             "steps": self.steps,
             "rounds": self.rounds,

@@ -16,6 +16,9 @@ from dspark.engine import Engine
 from dspark.sampling import probs_from_logits
 
 VOCAB, PROMPT, SAMPLES, POSITIONS = 8, [1, 2, 3], 3000, 3
+# Three full pages of 4 tokens and one more: with prefix caching, every request after the first
+# reuses the K/V of the first three pages (the last prompt token always runs).
+LONG_PROMPT = [1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5]
 # max_tokens leaves room for a full 3-token draft after the first (prefill) token.
 PARAMS = [
     SamplingParams(temperature=1.0, max_tokens=POSITIONS + 2, ignore_eos=True),
@@ -45,7 +48,7 @@ def build_small_vocab_target(path) -> None:
     model.save_pretrained(path, safe_serialization=True)
 
 
-def exact_marginals(path, params: SamplingParams) -> torch.Tensor:
+def exact_marginals(path, params: SamplingParams, prompt: list[int] = PROMPT) -> torch.Tensor:
     """[POSITIONS, VOCAB]: P(token at position i) under the target alone, by enumerating prefixes."""
     reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     marginals = torch.zeros(POSITIONS, VOCAB)
@@ -54,7 +57,7 @@ def exact_marginals(path, params: SamplingParams) -> torch.Tensor:
         for pos in range(POSITIONS):
             next_prob = {}
             for prefix, mass in prefix_prob.items():
-                logits = reference(torch.tensor([PROMPT + list(prefix)])).logits[0, -1]
+                logits = reference(torch.tensor([prompt + list(prefix)])).logits[0, -1]
                 p = probs_from_logits(logits, params)
                 marginals[pos] += mass * p
                 for t in range(VOCAB):
@@ -63,13 +66,15 @@ def exact_marginals(path, params: SamplingParams) -> torch.Tensor:
     return marginals
 
 
-def sample_counts(engine: Engine, params: SamplingParams, samples: int = SAMPLES) -> torch.Tensor:
-    """[POSITIONS, VOCAB] counts of emitted tokens over `samples` requests of PROMPT."""
+def sample_counts(
+    engine: Engine, params: SamplingParams, samples: int = SAMPLES, prompt: list[int] = PROMPT
+) -> torch.Tensor:
+    """[POSITIONS, VOCAB] counts of emitted tokens over `samples` requests of `prompt`."""
     counts = torch.zeros(POSITIONS, VOCAB)
     started = 0
     while started < samples or engine.has_unfinished():
         while started < samples and len(engine.seqs) < engine.config.max_num_seqs:
-            engine.add_request(PROMPT, params)
+            engine.add_request(prompt, params)
             started += 1
         for out in engine.step():
             if out.finished:

@@ -22,6 +22,7 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    cached_tokens: int = 0  # prompt tokens the server's prefix cache supplied
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ class CompletionBuilder:
                 text="".join(self.text),
                 token_ids=tuple(self.token_ids),
                 finish_reason=final.finish_reason,
-                usage=Usage(u.prompt_tokens, u.completion_tokens, u.total_tokens),
+                usage=Usage(u.prompt_tokens, u.completion_tokens, u.total_tokens, u.cached_tokens),
                 speculation=SpeculationStats(
                     s.rounds, s.drafted_tokens, s.accepted_tokens, s.mean_accept_length
                 ),

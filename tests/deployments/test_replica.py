@@ -10,10 +10,13 @@ import time
 import pytest
 from serving import ENGINE, wait_until
 
+from deployments.grpc_api import _final
 from deployments.replica import TargetReplica
 from deployments.replica_state import TauWindow
 from dspark.errors import EngineDeadError, InvalidRequestError
+from dspark.prefix_cache import cached_prefix_tokens
 from dspark.sampling_params import SamplingParams
+from dspark_client.types import CompletionBuilder, Usage
 
 
 def make_replica(model_dir, stuck_after_s: float = 5.0) -> TargetReplica:
@@ -204,3 +207,34 @@ def test_events_merge_keeps_every_token():
         3,
     )
     assert merged.speculation == b.speculation
+
+
+def test_routing_stats_name_the_cached_prompt_pages(replica):
+    """What a router reads predicts the prefill a prompt skips here, exactly as the engine then skips it."""
+    engine = replica.engine.engine
+    system = engine.tokenize(
+        "def wrap(text, width=70, **kwargs):\n    return TextWrapper(width=width).wrap(text)\n"
+    )
+    first, second = system + engine.tokenize("x = 1"), system + engine.tokenize("import os")
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+
+    async def run():
+        [e async for e in replica.generate(first, params, "r1")]
+        before = await replica.record_routing_stats()
+        events = [e async for e in replica.generate(second, params, "r2")]
+        return before, await replica.record_routing_stats(), events[-1]
+
+    before, after, last = asyncio.run(run())
+    summary = before["prefix_cache"]
+    page = engine.pages.page_size
+    assert summary["enabled"] and summary["page_size"] == page
+    assert summary["cached_pages"] == len(first) // page == len(summary["hashes"])
+    predicted = cached_prefix_tokens(second, summary)
+    assert predicted == len(system) // page * page > 0
+    assert after["prefix_cache"]["cached_prompt_tokens"] - summary["cached_prompt_tokens"] == predicted
+    assert after["prefix_cache"]["prompt_tokens"] == len(first) + len(second)
+    # The request's own usage says so too, on HTTP (OpenAI's field) and on gRPC (read by the SDK).
+    assert last.usage()["prompt_tokens_details"] == {"cached_tokens": predicted}
+    builder = CompletionBuilder("r2")
+    builder.add(_final("r2", last))
+    assert builder.completion.usage == Usage(len(second), 4, len(second) + 4, predicted)

@@ -51,3 +51,40 @@ def test_missing_or_mismatched_drafter_checkpoint(stack, tmp_path):
         LLM(str(stack), drafter="dspark", drafter_model=str(tmp_path))
     with pytest.raises(ModelLoadError, match="holds a 'dflash' drafter, not 'dspark'"):
         LLM(str(stack), drafter="dspark", drafter_model=str(stack.parent / "drafters" / "dflash"))
+
+
+@pytest.mark.parametrize("drafter", ["dspark", "eagle3"])
+def test_greedy_identical_with_prefix_caching(stack, drafter):
+    """A learned drafter reads the target's hidden states of every committed token: for a cached
+    prefix they come from the cache, and it drafts exactly as it does from computed ones."""
+    system = (
+        "def wrap(text, width=70, **kwargs):\n"
+        "    w = TextWrapper(width=width, **kwargs)\n"
+        "    return w.wrap(text)\n"
+    )
+    prompts = [system + p for p in PROMPTS]
+    expected = LLM(str(stack), num_kv_pages=64, enable_prefix_caching=False).generate(prompts, GREEDY)
+    runs = {}
+    for caching in (False, True):
+        # A fixed verify length: the load-aware schedulers' choices depend on measured step times.
+        llm = LLM(
+            str(stack),
+            drafter=drafter,
+            scheduler="fixed",
+            num_speculative_tokens=4,
+            num_kv_pages=64,
+            max_num_seqs=4,
+            enable_prefix_caching=caching,
+        )
+        # The first request fills the cache; the others arrive after it and reuse the system prompt.
+        outs = llm.generate(prompts[:1], GREEDY) + llm.generate(prompts[1:], GREEDY)
+        assert [o.token_ids for o in outs] == [e.token_ids for e in expected]
+        runs[caching] = llm.engine.stats, [o.num_cached_tokens for o in outs]
+        assert llm.engine.pages.num_free_pages == llm.engine.pages.num_pages
+    (off, cached_off), (on, cached_on) = runs[False], runs[True]
+    page = 16
+    assert cached_off == [0] * 4 and cached_on[0] == 0 and all(n >= page for n in cached_on[1:])
+    assert on.prefill_tokens == off.prefill_tokens - sum(cached_on)
+    # The same context gives the same drafts: as many drafted and accepted, and no drafter fault.
+    assert (on.drafted_tokens, on.accepted_tokens) == (off.drafted_tokens, off.accepted_tokens)
+    assert on.drafter_failures == off.drafter_failures == 0

@@ -40,11 +40,16 @@ _REFERENCE: dict[str, list[list[int]]] = {}
 
 
 def reference(model_dir, prompts) -> list[list[int]]:
-    """Each prompt decoded alone with no drafter: what every other configuration must reproduce."""
+    """Each prompt decoded alone with no drafter and no prefix cache: what every other configuration
+    must reproduce."""
     if str(model_dir) in _REFERENCE:
         return _REFERENCE[str(model_dir)]
     outs = []
-    engine = Engine(EngineConfig(model=str(model_dir), drafter="none", max_num_seqs=1, num_kv_pages=32))
+    engine = Engine(
+        EngineConfig(
+            model=str(model_dir), drafter="none", max_num_seqs=1, num_kv_pages=32, enable_prefix_caching=False
+        )
+    )
     for p in prompts:
         rid = engine.add_request(p, GREEDY)
         final = None

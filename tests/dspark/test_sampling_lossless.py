@@ -13,6 +13,7 @@ import itertools
 import pytest
 import torch
 from lossless_check import (
+    LONG_PROMPT,
     PARAMS,
     PROMPT,
     SAMPLES,
@@ -40,22 +41,29 @@ def small_vocab_dir(tmp_path_factory):
     return path
 
 
-def sample_through_engine(path, params: SamplingParams) -> torch.Tensor:
+def sample_through_engine(
+    path, params: SamplingParams, prompt: list[int] = PROMPT, **options
+) -> torch.Tensor:
     engine = Engine(
         EngineConfig(
             model=str(path),
             max_num_seqs=64,
             num_speculative_tokens=3,
-            num_kv_pages=256,
+            num_kv_pages=256 if prompt is PROMPT else 512,
             kv_page_size=4,
             seed=11,
+            **options,
         )
     )
     # The drafter favours exactly the tokens the target dislikes at the start of the continuation.
     first = torch.log_softmax(torch.randn(VOCAB, generator=torch.Generator().manual_seed(5)), -1)
     engine.drafter = AdversarialDrafter(-3 * first, gamma=3)
     engine.gamma = engine.policy.gamma = 3
-    counts = sample_counts(engine, params)
+    counts = sample_counts(engine, params, prompt=prompt)
+    if engine.config.enable_prefix_caching and prompt is LONG_PROMPT:
+        # Every request but the first wave of 64 (admitted before the first page was committed)
+        # reused the three cached pages; the rest of the check is the same.
+        assert engine.stats.cached_prompt_tokens >= (SAMPLES - 64) * 12
     assert engine.stats.drafted_tokens > SAMPLES  # the drafter really took part
     assert 0 < engine.stats.accepted_tokens < engine.stats.drafted_tokens
     return counts
@@ -74,6 +82,14 @@ def broken_verify(target_logits, draft_tokens, draft_probs, params, generator) -
 def test_emitted_distribution_matches_target(small_vocab_dir, params):
     expected = exact_marginals(small_vocab_dir, params)
     pvals = p_values(sample_through_engine(small_vocab_dir, params), expected)
+    assert min(pvals) > 1e-3, pvals
+
+
+def test_emitted_distribution_matches_target_with_a_cached_prefix(small_vocab_dir):
+    params = PARAMS[0]
+    expected = exact_marginals(small_vocab_dir, params, LONG_PROMPT)
+    counts = sample_through_engine(small_vocab_dir, params, LONG_PROMPT, enable_prefix_caching=True)
+    pvals = p_values(counts, expected)
     assert min(pvals) > 1e-3, pvals
 
 

@@ -20,7 +20,10 @@ from dspark.cost_table import ProfileShape, cache_path, fingerprint
 from dspark.engine import Engine
 from dspark.model import CausalLM
 
-PROMPTS = ["def wrap(text, width):", "import bisect\n", "class TextWrapper:\n    "]
+# A shared system prompt of several KV pages: with prefix caching on (the default), the later
+# requests reuse the pages the first one committed, on every rank under the same page ids.
+SYSTEM = "class TextWrapper:\n    def __init__(self, width=70, initial_indent='', subsequent_indent=''):\n"
+PROMPTS = [SYSTEM + p for p in ("def wrap(text, width):", "import bisect\n", "class TextWrapper:\n    ")]
 OPTIONS = dict(
     drafter="ngram",
     num_speculative_tokens=4,
@@ -51,6 +54,7 @@ def _lead(config: EngineConfig, world: int) -> dict:
         "table": json.loads(table.path.read_text())["fingerprint"]["engine"],
         "kv_heads": engine.runner.kv.k[0].shape[1],
         "forwards": len(sent),
+        "cached_prompt_tokens": engine.stats.cached_prompt_tokens,
     }
     engine.runner.stop()
     return result
@@ -82,7 +86,9 @@ def test_two_way_tensor_parallel_greedy_equals_plain(qwen3_dir, llama_dir, tmp_p
     for model in models:
         config = EngineConfig(model=model, cost_table_dir=cache, **OPTIONS)
         plain = Engine(config)  # TP=1: TPContext() is the engine's default, the same load path
-        assert lead[model]["tokens"] == generate(plain), model
+        uncached = Engine(replace(config, enable_prefix_caching=False))
+        assert lead[model]["tokens"] == generate(plain) == generate(uncached), model
+        assert lead[model]["cached_prompt_tokens"] == plain.stats.cached_prompt_tokens > 0
         assert lead[model]["kv_heads"] == plain.runner.kv.k[0].shape[1] // 2  # its own heads only
         # The follower ran every forward rank 0 ran: the profile's and the generation's.
         assert follower[model]["forwards"] == lead[model]["forwards"] > 0

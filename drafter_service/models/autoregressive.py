@@ -19,7 +19,8 @@ from dspark.model import RMSNorm
 
 
 class ChainLayer(nn.Module):
-    """DeepSpec's `Qwen3Eagle3DecoderLayer`: attention over [normed embedding ; normed feature], residual f."""
+    """DeepSpec's `Qwen3Eagle3DecoderLayer`: attention over [normed embedding ; normed feature],
+    residual f."""
 
     def __init__(self, cfg: DrafterConfig) -> None:
         super().__init__()

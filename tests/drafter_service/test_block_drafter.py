@@ -89,16 +89,14 @@ def test_markov_term_follows_the_sampled_previous_token_and_is_q():
     from drafter_service.runtime.block import BlockDraftRuntime
 
     model = make()
-    runtime = BlockDraftRuntime.__new__(BlockDraftRuntime)
-    runtime.model, runtime.block_size, runtime.calibration = model, GAMMA, {}
-    runtime.device = model.device
-    runtime._ctx, runtime._len, runtime._pending = {}, {}, {}
-    runtime.add_context("s", list(range(6)), torch.randn(6, 2 * D))
+    runtime = BlockDraftRuntime.of(model, GAMMA)
+    hidden = torch.randn(6, 2 * D)
+    runtime.add_context("s", list(range(6)), hidden)
     params = SamplingParams(temperature=0.8, top_k=20)
     request = DraftRequest("s", list(range(7)), GAMMA, params, torch.Generator().manual_seed(3))
     proposal = runtime.propose([request])[0]
     # Recompute every slot's q from the block's base logits and the token sampled just before it.
-    context = [(k[None], v[None]) for k, v in runtime._ctx["s"]]
+    context = model.context_kv(model.context_features(hidden[None]), torch.arange(6)[None])
     tokens = torch.tensor([[6] + [MASK] * (GAMMA - 1)])
     mask = torch.ones(1, GAMMA, 6 + GAMMA, dtype=torch.bool)
     base = model.base_logits(model.run_block(tokens, 6 + torch.arange(GAMMA)[None], context, mask))[0]

@@ -17,6 +17,7 @@ from drafter_service.models.block import BlockDrafter
 from drafter_service.models.paths import open_drafter
 from drafter_service.runtime.context_cache import ContextCache
 from drafter_service.runtime.host import to_host
+from drafter_service.runtime.vocab_heads import VocabHeads, head_dtype
 from dspark.block_sampler import BlockSampler
 from dspark.drafter import DraftProposal, DraftRequest
 from dspark.errors import ModelLoadError
@@ -32,20 +33,27 @@ class BlockDraftRuntime:
         name: str = "dspark",
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
+        head_dtype: str = "auto",
         **_: object,
     ) -> None:
-        self._serve(open_drafter(name, path, target_path, target, dtype, device), num_speculative_tokens)
+        """`head_dtype`: the LM head's ("auto": bf16 where the device multiplies it natively;
+        "float32"; "bfloat16"), see runtime/vocab_heads.py."""
+        model = open_drafter(name, path, target_path, target, dtype, device)
+        self._serve(model, num_speculative_tokens, head_dtype)
 
     @classmethod
-    def of(cls, model: BlockDrafter, num_speculative_tokens: int = 7) -> BlockDraftRuntime:
+    def of(
+        cls, model: BlockDrafter, num_speculative_tokens: int = 7, head_dtype: str = "auto"
+    ) -> BlockDraftRuntime:
         """Serve a drafter already in memory (no checkpoint to open)."""
         runtime = cls.__new__(cls)
-        runtime._serve(model, num_speculative_tokens)
+        runtime._serve(model, num_speculative_tokens, head_dtype)
         return runtime
 
-    def _serve(self, model: BlockDrafter, num_speculative_tokens: int) -> None:
+    def _serve(self, model: BlockDrafter, num_speculative_tokens: int, head: str) -> None:
         self.model = model
         self.device = model.device
+        self.heads = VocabHeads(model, head_dtype(head, model.dtype, model.device))
         cfg = model.cfg
         name = self.name = cfg.kind
         self.target_layer_ids = tuple(cfg.target_layer_ids)
@@ -131,7 +139,7 @@ class BlockDraftRuntime:
             return merge
 
         h = model.run_block_into(tokens, positions, [keys_with(i) for i in range(len(model.layers))], mask)
-        base = model.base_logits(h)  # [R, gamma, V]
+        base = self.heads.base_logits(h)  # [R, gamma, V] fp32
         proposals = self._walk(batch, h, base, anchors)
         in_order: list[DraftProposal] = [None] * len(requests)  # type: ignore[list-item]
         for i, proposal in zip(order, proposals):
@@ -143,17 +151,18 @@ class BlockDraftRuntime:
     ) -> list[DraftProposal]:
         """Left to right through the Markov head, all requests at once: each slot conditions on the
         token chosen just before it, and its q is exactly what that token was drawn from."""
-        model = self.model
+        model, head = self.model, self.model.markov_head
         num_slots = [r.num_slots for r in requests]
         sampler = BlockSampler(
             [r.params for r in requests], [r.generator for r in requests], num_slots, self.device
         )
         steps = sampler.steps
         drawn = torch.empty(len(requests), steps, dtype=torch.long, device=self.device)
-        prev, state = anchors, None
+        prev, state, z = anchors, None if head is None else head.initial_state(h[:, 0]), None
         for k in range(steps):
-            bias, state = model.markov_step(prev, h[:, k], state)
-            prev = drawn[:, k] = sampler.draw(base[:, k] + bias, k)
+            if head is not None:
+                z, state = head.step(prev, h[:, k], state)
+            prev = drawn[:, k] = sampler.draw(self.heads.with_markov(base[:, k], z), k)
         # Host copies of the whole round at once: tokens, then q rows and confidences in one transfer.
         token_lists = drawn.tolist()
         groups = sampler.probs()

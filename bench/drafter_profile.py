@@ -40,7 +40,7 @@ COMPONENTS: list[tuple[str, str, str | None]] = [
     ("draft", "_propose", "step"),
     ("context folding", "drafter._flush", "draft"),
     ("block forward", "drafter.model.run_block_into|drafter.model.run_block", "draft"),
-    ("LM head", "drafter.model.base_logits", "draft"),
+    ("LM head", "drafter.heads.base_logits|drafter.model.base_logits", "draft"),
     ("Markov walk + sampling", "drafter._walk", "draft"),
     ("proposal checks", "draft_guard._problems", "draft"),
     ("verify-length policy", "policy.choose", "step"),

@@ -35,6 +35,11 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
     return logits.softmax(dim=-1)
 
 
+def shape_key(params: SamplingParams) -> tuple:
+    """What `probs_from_logits` reads: requests with equal keys share one distribution shape."""
+    return ("greedy",) if params.greedy else (params.temperature, params.top_k, params.top_p)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     return int(torch.multinomial(probs, 1, generator=generator).item())
 
@@ -48,7 +53,8 @@ def sample_rows(
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
 ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
-    """One token per row, each request with its own params and generator, batched where params agree.
+    """One token per row, each request with its own params and generator, batched where their
+    distribution shape agrees.
 
     Returns the tokens [R] and, per row, the distribution it was drawn from (None for greedy rows),
     both on the logits' device; q is fp32 whatever the logits' dtype: a drafter must hand
@@ -58,22 +64,27 @@ def sample_rows(
     device = logits.device
     tokens = torch.empty(len(params), dtype=torch.long, device=device)
     rows: list[torch.Tensor | None] = [None] * len(params)
-    groups: dict[SamplingParams, list[int]] = {}
+    groups: dict[tuple, list[int]] = {}
     for i, p in enumerate(params):
-        groups.setdefault(p, []).append(i)
-    for p, idx in groups.items():
+        groups.setdefault(shape_key(p), []).append(i)
+    for idx in groups.values():
+        p = params[idx[0]]
         index = torch.tensor(idx, device=device)
         if p.greedy:
             tokens[index] = torch.argmax(logits[index], dim=-1)
             continue
         q = probs_from_logits(logits[index], p)
         u = torch.cat([torch.rand(1, generator=generators[i]) for i in idx]).to(device)
-        cdf = q.cumsum(dim=-1)
-        # Clamp the last bucket: rounding can leave cdf[-1] a hair under u.
-        drawn = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(1).clamp(max=q.shape[-1] - 1)
-        # Never land on a zero-probability token (a top-k/top-p gap at the boundary of a bucket).
-        drawn = torch.where(q.gather(1, drawn[:, None]).squeeze(1) > 0, drawn, q.argmax(-1))
-        tokens[index] = drawn
+        tokens[index] = inverse_cdf(q, u)
         for j, i in enumerate(idx):
             rows[i] = q[j]
     return tokens, rows
+
+
+def inverse_cdf(q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The token of each row of q [R, V] where its CDF reaches u [R] (uniforms in [0, 1))."""
+    cdf = q.cumsum(dim=-1)
+    # Clamp the last bucket: rounding can leave cdf[-1] a hair under u.
+    drawn = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(1).clamp(max=q.shape[-1] - 1)
+    # Never land on a zero-probability token (a top-k/top-p gap at the boundary of a bucket).
+    return torch.where(q.gather(1, drawn[:, None]).squeeze(1) > 0, drawn, q.argmax(-1))

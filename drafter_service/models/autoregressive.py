@@ -1,4 +1,5 @@
-"""Autoregressive drafters: EAGLE-3 and MTP-1 (docs/ALGORITHM.md §5, baselines), DeepSpec's `Qwen3Eagle3Model`.
+"""Autoregressive drafters: EAGLE-3 and MTP-1 (docs/ALGORITHM.md §5, baselines), DeepSpec's
+`Qwen3Eagle3Model`.
 
 Entry t of the drafter's own sequence combines a feature f_t with the embedding of the next token
 x_{t+1}: input [input_layernorm(emb(x_{t+1})) ; hidden_norm(f_t)] (2d) feeds one decoder layer whose
@@ -19,7 +20,8 @@ from dspark.model import RMSNorm
 
 
 class ChainLayer(nn.Module):
-    """DeepSpec's `Qwen3Eagle3DecoderLayer`: attention over [normed embedding ; normed feature], residual f."""
+    """DeepSpec's `Qwen3Eagle3DecoderLayer`: attention over [normed embedding ; normed feature],
+    residual f."""
 
     def __init__(self, cfg: DrafterConfig) -> None:
         super().__init__()

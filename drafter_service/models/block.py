@@ -1,5 +1,5 @@
-"""The DSpark block drafter (docs/ALGORITHM.md §2-§4), DeepSpec's `Qwen3DSparkModel`; with no Markov head and no
-confidence head it is DFlash.
+"""The DSpark block drafter (docs/ALGORITHM.md §2-§4), DeepSpec's `Qwen3DSparkModel`; with no Markov
+head and no confidence head it is DFlash.
 
 After the target commits the anchor x0 at position s, the drafter reads [x0, MASK, ..., MASK] (gamma
 slots at positions s .. s+gamma-1) in one pass: each slot attends to the fused target features of
@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from drafter_service.models.config import DrafterConfig
-from drafter_service.models.layers import MLP, Attention, drafter_rotary, rope_cos_sin
+from drafter_service.models.layers import MLP, Attention, KeysWith, after, drafter_rotary, rope_cos_sin
 from drafter_service.models.markov import ConfidenceHead, MarkovHead
 from dspark.model import RMSNorm
 
@@ -32,8 +32,8 @@ class BlockLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, h, cos, sin, context_k, context_v, mask) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, context_k, context_v, mask)
+    def forward(self, h, cos, sin, keys_with: KeysWith, mask) -> torch.Tensor:
+        h = h + self.self_attn.attend(self.input_layernorm(h), cos, sin, keys_with, mask)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -89,11 +89,21 @@ class BlockDrafter(nn.Module):
         mask: torch.Tensor,  # [B, Q, K + Q]
     ) -> torch.Tensor:
         """Hidden states h of the block slots [B, Q, d], final norm applied."""
+        return self.run_block_into(tokens, positions, [after(k, v) for k, v in context], mask)
+
+    def run_block_into(
+        self,
+        tokens: torch.Tensor,  # [B, Q]
+        positions: torch.Tensor,  # [B, Q]
+        keys_with: list[KeysWith],  # per layer: where the context's keys are, and the block's go
+        mask: torch.Tensor | None,  # [B, Q, K] over what keys_with returns; None: all of it
+    ) -> torch.Tensor:
+        """`run_block` with the context's K/V wherever the caller keeps them (serving: a cache)."""
         embed, _ = self.shared
         h = embed(tokens)
         cos, sin = rope_cos_sin(self.rotary_emb, positions, self.dtype)
-        for layer, (k, v) in zip(self.layers, context):
-            h = layer(h, cos, sin, k, v, mask)
+        for layer, merge in zip(self.layers, keys_with):
+            h = layer(h, cos, sin, merge, mask)
         return self.norm(h)
 
     def base_logits(self, h: torch.Tensor) -> torch.Tensor:

@@ -57,7 +57,9 @@ def read_config(directory: str | Path, target: ModelConfig | None = None) -> Dra
     return _config_and_names(Path(directory), target)[0]
 
 
-def _config_and_names(directory: Path, target: ModelConfig | None) -> tuple[DrafterConfig, Callable[[str], str]]:
+def _config_and_names(
+    directory: Path, target: ModelConfig | None
+) -> tuple[DrafterConfig, Callable[[str], str]]:
     """The config, and how the checkpoint's tensor names map to ours (as they are, or the old layout's)."""
     raw = _read_json(directory / "config.json")
     if legacy.is_legacy(raw):
@@ -86,7 +88,9 @@ def load_drafter(
         raise ModelLoadError(f"drafter directory {str(directory)!r} has no config.json")
     files = sorted(directory.glob("*.safetensors"))
     if not files:
-        raise ModelLoadError(f"drafter directory {str(directory)!r} has no *.safetensors weights (safetensors only)")
+        raise ModelLoadError(
+            f"drafter directory {str(directory)!r} has no *.safetensors weights (safetensors only)"
+        )
     try:
         cfg, rename = _config_and_names(directory, target)
     except ModelLoadError as exc:
@@ -113,7 +117,9 @@ def load_drafter(
         except SafetensorError as exc:
             raise ModelLoadError(f"drafter {directory}: cannot read {file.name}: {exc}") from None
     _check_names_and_shapes(model, state, directory)
-    model.load_state_dict({k: t.to(device=device, dtype=dtype) for k, t in state.items()}, strict=True, assign=True)
+    model.load_state_dict(
+        {k: t.to(device=device, dtype=dtype) for k, t in state.items()}, strict=True, assign=True
+    )
     model.rotary_emb.to(device)  # fp32 tables, not in the state dict
     return model.eval()
 
@@ -128,7 +134,9 @@ def _read_json(path: Path) -> dict:
     return raw
 
 
-def _check_target(cfg: DrafterConfig, embed: nn.Embedding, target: ModelConfig | None, directory: Path) -> None:
+def _check_target(
+    cfg: DrafterConfig, embed: nn.Embedding, target: ModelConfig | None, directory: Path
+) -> None:
     if cfg.vocab_size != embed.num_embeddings or cfg.hidden_size != embed.embedding_dim:
         raise ModelLoadError(
             f"drafter {directory} was trained for vocab {cfg.vocab_size} / hidden {cfg.hidden_size}, "
@@ -145,7 +153,9 @@ def _check_shared(name: str, lazy, shared: torch.Tensor, directory: Path) -> Non
     """The stored copy must be the target's own (up to the rounding of a cast between dtypes)."""
     shape = tuple(lazy.get_shape())
     if shape != tuple(shared.shape):
-        raise ModelLoadError(f"drafter {directory}: {name} has shape {shape}, the target's is {tuple(shared.shape)}")
+        raise ModelLoadError(
+            f"drafter {directory}: {name} has shape {shape}, the target's is {tuple(shared.shape)}"
+        )
     n = shape[0]
     rows = sorted({int(i) for i in torch.linspace(0, n - 1, CHECKED_ROWS)})
     stored = torch.stack([lazy[i : i + 1][0] for i in rows]).float()
@@ -161,7 +171,8 @@ def _check_names_and_shapes(model: nn.Module, state: dict[str, torch.Tensor], di
     missing, unexpected = sorted(expected.keys() - state.keys()), sorted(state.keys() - expected.keys())
     if missing or unexpected:
         raise ModelLoadError(
-            f"drafter {directory}: weights do not match config.json: missing {missing[:6]}, unexpected {unexpected[:6]}"
+            f"drafter {directory}: weights do not match config.json: missing {missing[:6]}, "
+            f"unexpected {unexpected[:6]}"
         )
     for name, tensor in state.items():
         if tuple(tensor.shape) != tuple(expected[name].shape):

@@ -101,15 +101,22 @@ class DrafterConfig:
 
     def _check_block(self) -> None:
         if self.mask_token_id is None or not 0 <= self.mask_token_id < self.vocab_size:
-            raise ModelLoadError(f"mask_token_id {self.mask_token_id} must be a token id below {self.vocab_size}")
+            raise ModelLoadError(
+                f"mask_token_id {self.mask_token_id} must be a token id below {self.vocab_size}"
+            )
         if self.block_size < 1 or self.markov_rank < 0:
-            raise ModelLoadError(f"block_size {self.block_size} / markov_rank {self.markov_rank} out of range")
+            raise ModelLoadError(
+                f"block_size {self.block_size} / markov_rank {self.markov_rank} out of range"
+            )
         if self.markov_rank > 0 and self.markov_head_type not in MARKOV_HEAD_TYPES:
             raise ModelLoadError(
-                f"markov_head_type {self.markov_head_type!r} is not supported; supported: {list(MARKOV_HEAD_TYPES)}"
+                f"markov_head_type {self.markov_head_type!r} is not supported; "
+                f"supported: {list(MARKOV_HEAD_TYPES)}"
             )
         if self.confidence_head_with_markov and not (self.enable_confidence_head and self.markov_rank > 0):
-            raise ModelLoadError("confidence_head_with_markov needs enable_confidence_head and markov_rank > 0")
+            raise ModelLoadError(
+                "confidence_head_with_markov needs enable_confidence_head and markov_rank > 0"
+            )
         plain = self.markov_rank == 0 and not self.enable_confidence_head
         if plain != (self.kind == "dflash"):
             raise ModelLoadError(
@@ -155,7 +162,7 @@ class DrafterConfig:
     # ---- config.json ------------------------------------------------------------------------------
 
     def to_config_json(self, dtype: str) -> dict:
-        """config.json as DeepSpec's `save_pretrained` writes it (a Qwen3 config with the drafter's fields)."""
+        """config.json as DeepSpec's `save_pretrained` writes it: a Qwen3 config with the drafter's fields."""
         from transformers import Qwen3Config
 
         hf = Qwen3Config(

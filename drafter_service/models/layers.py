@@ -7,6 +7,8 @@ Shapes are batched and padded: x [B, Q, d_in], extra keys/values [B, K, Hkv, Dh]
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -36,7 +38,9 @@ def drafter_rotary(cfg: DrafterConfig) -> Rotary:
         return Rotary(*rope_frequencies(hf))
 
 
-def rope_cos_sin(rotary: Rotary, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    rotary: Rotary, positions: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin [..., head_dim] for any-shaped integer positions: fp32 math, then the model's dtype."""
     cos, sin = rotary.cos_sin(positions.reshape(-1), dtype)
     return cos.view(*positions.shape, -1), sin.view(*positions.shape, -1)
@@ -79,15 +83,40 @@ class Attention(nn.Module):
         extra_v: torch.Tensor,
         mask: torch.Tensor,  # [B, Q, K + Q] True = attend
     ) -> torch.Tensor:
+        return self.attend(x, cos, sin, after(extra_k, extra_v), mask)
+
+    def attend(
+        self,
+        x: torch.Tensor,  # [B, Q, d_in] (normalised) input
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        keys_with: KeysWith,  # the queries' own K/V -> every key and value they attend to
+        mask: torch.Tensor | None,  # [B, Q, K] True = attend; None: every key
+    ) -> torch.Tensor:
         b, q_len, _ = x.shape
         q = _rotate(self.q_norm(self.q_proj(x).view(b, q_len, -1, self.head_dim)), cos, sin)
-        k, v = self.keys_values(x, cos, sin)
-        keys = torch.cat([extra_k, k], dim=1).transpose(1, 2)
-        values = torch.cat([extra_v, v], dim=1).transpose(1, 2)
+        keys, values = keys_with(*self.keys_values(x, cos, sin))
         out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys, values, attn_mask=mask[:, None], enable_gqa=True
+            q.transpose(1, 2),
+            keys,
+            values,
+            attn_mask=None if mask is None else mask[:, None],
+            enable_gqa=True,
         )
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
+
+
+# Given the queries' own keys and values [B, Q, Hkv, Dh], every key and value they attend to
+# [B, Hkv, K, Dh]: where the others come from (a context tensor, a cache) is the caller's business.
+KeysWith = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def after(extra_k: torch.Tensor, extra_v: torch.Tensor) -> KeysWith:
+    """Keys [extra ; own] from extra K/V [B, K, Hkv, Dh] placed before the queries' own."""
+    return lambda k, v: (
+        torch.cat([extra_k, k], dim=1).transpose(1, 2),
+        torch.cat([extra_v, v], dim=1).transpose(1, 2),
+    )
 
 
 class MLP(nn.Module):

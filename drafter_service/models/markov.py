@@ -49,7 +49,8 @@ class MarkovHead(nn.Module):
         return torch.tanh(out), gate * state + (1.0 - gate) * torch.tanh(candidate)
 
     def block_latents(self, prev: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """z [..., G, r] of whole blocks, teacher-forced: prev [..., G] tokens before each slot, h [..., G, H]."""
+        """z [..., G, r] of whole blocks, teacher-forced: prev [..., G] tokens before each slot,
+        h [..., G, H]."""
         if self.kind != "rnn":
             return self.step(prev, h, None)[0]  # memoryless: every slot at once
         state, latents = self.initial_state(h[..., 0, :]), []

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import torch
 
-from drafter_service.models.layers import pad_rows
+from drafter_service.models.block import BlockDrafter
 from drafter_service.models.paths import open_drafter
+from drafter_service.runtime.context_cache import ContextCache
 from drafter_service.runtime.host import to_host
+from drafter_service.runtime.vocab_heads import VocabHeads, head_dtype
+from dspark.block_sampler import BlockSampler
 from dspark.drafter import DraftProposal, DraftRequest
 from dspark.errors import ModelLoadError
-from dspark.sampling import sample_rows
 
 
 class BlockDraftRuntime:
@@ -31,12 +33,29 @@ class BlockDraftRuntime:
         name: str = "dspark",
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
+        head_dtype: str = "auto",
         **_: object,
     ) -> None:
-        self.model = open_drafter(name, path, target_path, target, dtype, device)
-        self.device = self.model.device
-        cfg = self.model.cfg
-        self.name = cfg.kind
+        """`head_dtype`: the LM head's ("auto": bf16 where the device multiplies it natively;
+        "float32"; "bfloat16"), see runtime/vocab_heads.py."""
+        model = open_drafter(name, path, target_path, target, dtype, device)
+        self._serve(model, num_speculative_tokens, head_dtype)
+
+    @classmethod
+    def of(
+        cls, model: BlockDrafter, num_speculative_tokens: int = 7, head_dtype: str = "auto"
+    ) -> BlockDraftRuntime:
+        """Serve a drafter already in memory (no checkpoint to open)."""
+        runtime = cls.__new__(cls)
+        runtime._serve(model, num_speculative_tokens, head_dtype)
+        return runtime
+
+    def _serve(self, model: BlockDrafter, num_speculative_tokens: int, head: str) -> None:
+        self.model = model
+        self.device = model.device
+        self.heads = VocabHeads(model, head_dtype(head, model.dtype, model.device))
+        cfg = model.cfg
+        name = self.name = cfg.kind
         self.target_layer_ids = tuple(cfg.target_layer_ids)
         self.block_size = cfg.block_size
         # DFlash has no confidence head: the load-aware scheduler then need not profile for it.
@@ -52,7 +71,9 @@ class BlockDraftRuntime:
             float(t): torch.tensor(v, dtype=torch.float32, device=self.device)
             for t, v in cfg.sts_temperatures.items()
         }
-        self._ctx: dict[str, list[list[torch.Tensor]]] = {}  # seq -> [per layer [k, v]]
+        self.cache = ContextCache(
+            len(self.model.layers), cfg.num_key_value_heads, cfg.head_dim, self.model.dtype, self.device
+        )
         self._len: dict[str, int] = {}
         self._pending: dict[str, list[torch.Tensor]] = {}  # hidden states not yet in the K/V cache
 
@@ -68,98 +89,114 @@ class BlockDraftRuntime:
         if not todo:
             return
         rows = [torch.cat(self._pending.pop(s)) for s in todo]
-        positions = torch.tensor(
-            [p for s, r in zip(todo, rows) for p in range(self._len[s] - len(r), self._len[s])],
-            device=self.device,
-        )
-        kv = self.model.context_kv(self.model.context_features(torch.cat(rows)[None]), positions[None])
-        offset = 0
+        slots, positions = [], []
         for s, r in zip(todo, rows):
-            part = slice(offset, offset + len(r))
-            offset += len(r)
-            cache = self._ctx.get(s)
-            if cache is None:
-                self._ctx[s] = [[k[0, part], v[0, part]] for k, v in kv]
-            else:
-                for entry, (k, v) in zip(cache, kv):
-                    entry[0] = torch.cat([entry[0], k[0, part]])
-                    entry[1] = torch.cat([entry[1], v[0, part]])
+            slots += [self.cache.slot(s)] * len(r)
+            positions += range(self._len[s] - len(r), self._len[s])
+        # Room for the context and, after it, the scratch columns of the next block (run_block_into).
+        self.cache.reserve(max(self._len[s] for s in todo) + self.block_size)
+        positions_t = torch.tensor(positions, device=self.device)
+        slots_t = torch.tensor(slots, device=self.device)
+        kv = self.model.context_kv(self.model.context_features(torch.cat(rows)[None]), positions_t[None])
+        for layer, (k, v) in enumerate(kv):
+            self.cache.write(layer, slots_t, positions_t, k[0], v[0])
 
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
-        model, gamma = self.model, self.block_size
-        lengths = [self._len[r.seq_id] for r in requests]
-        for r, n in zip(requests, lengths):
-            if n != len(r.token_ids) - 1:
+        model, gamma, dev = self.model, self.block_size, self.device
+        for r in requests:
+            if self._len.get(r.seq_id) != len(r.token_ids) - 1:
                 raise RuntimeError(
-                    f"drafter context of {r.seq_id} holds {n} positions, expected {len(r.token_ids) - 1}"
+                    f"drafter context of {r.seq_id} holds {self._len.get(r.seq_id, 0)} positions, "
+                    f"expected {len(r.token_ids) - 1}"
                 )
         self._flush([r.seq_id for r in requests])
-        num, k_max = len(requests), max(lengths)
-        context = []
-        for layer in range(len(model.layers)):
-            ks = [self._ctx[r.seq_id][layer][0] for r in requests]
-            vs = [self._ctx[r.seq_id][layer][1] for r in requests]
-            context.append((pad_rows(ks, k_max), pad_rows(vs, k_max)))
-        dev = self.device
-        anchors = torch.tensor([r.token_ids[-1] for r in requests], device=dev)
+        # In slot order, so the batch reads the cache as a view when the slots are consecutive.
+        order = sorted(range(len(requests)), key=lambda i: self.cache.slot(requests[i].seq_id))
+        batch = [requests[i] for i in order]
+        slots = [self.cache.slot(r.seq_id) for r in batch]
+        lengths = [self._len[r.seq_id] for r in batch]
+        num, width = len(batch), max(lengths) + gamma
+        self.cache.reserve(width)
+        anchors = torch.tensor([r.token_ids[-1] for r in batch], device=dev)
         tokens = torch.full((num, gamma), model.cfg.mask_token_id, dtype=torch.long, device=dev)
         tokens[:, 0] = anchors
         starts = torch.tensor(lengths, device=dev)
         positions = starts[:, None] + torch.arange(gamma, device=dev)[None]
-        visible_ctx = torch.arange(k_max, device=dev)[None, None, :] < starts[:, None, None]
-        mask = torch.cat(
-            [
-                visible_ctx.expand(num, gamma, k_max),
-                torch.ones(num, gamma, gamma, dtype=torch.bool, device=dev),
-            ],
-            -1,
-        )
-        h = model.run_block(tokens, positions, context, mask)
-        base = model.base_logits(h)  # [R, gamma, V]
-        return self._walk(requests, h, base, anchors)
+        # Each block's own K/V go into the scratch columns right after its context: every row then
+        # holds [context ; block] and attends to its first length + gamma columns.
+        write_slots = torch.tensor(slots, device=dev).repeat_interleave(gamma)
+        write_positions = positions.reshape(-1)
+        mask = None
+        if min(lengths) != max(lengths):
+            mask = (torch.arange(width, device=dev)[None, :] < (starts + gamma)[:, None])[:, None, :]
+
+        def keys_with(layer: int):
+            def merge(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                self.cache.write(layer, write_slots, write_positions, k.flatten(0, 1), v.flatten(0, 1))
+                return self.cache.rows(layer, slots, width)
+
+            return merge
+
+        h = model.run_block_into(tokens, positions, [keys_with(i) for i in range(len(model.layers))], mask)
+        base = self.heads.base_logits(h)  # [R, gamma, V] fp32
+        proposals = self._walk(batch, h, base, anchors)
+        in_order: list[DraftProposal] = [None] * len(requests)  # type: ignore[list-item]
+        for i, proposal in zip(order, proposals):
+            in_order[i] = proposal
+        return in_order
 
     def _walk(
         self, requests: list[DraftRequest], h: torch.Tensor, base: torch.Tensor, anchors: torch.Tensor
     ) -> list[DraftProposal]:
         """Left to right through the Markov head, all requests at once: each slot conditions on the
         token chosen just before it, and its q is exactly what that token was drawn from."""
-        model = self.model
-        steps = max(r.num_slots for r in requests)
-        prev, state = anchors, None
-        tokens, rows, conf = [], [], []
+        model, head = self.model, self.model.markov_head
+        num_slots = [r.num_slots for r in requests]
+        sampler = BlockSampler(
+            [r.params for r in requests], [r.generator for r in requests], num_slots, self.device
+        )
+        steps = sampler.steps
+        drawn = torch.empty(len(requests), steps, dtype=torch.long, device=self.device)
+        prev, state, z = anchors, None if head is None else head.initial_state(h[:, 0]), None
         for k in range(steps):
-            bias, state = model.markov_step(prev, h[:, k], state)
-            logits = base[:, k] + bias
-            if model.cfg.enable_confidence_head:
-                conf.append(model.confidence_logit(h[:, k], prev))
-            active = [i for i, r in enumerate(requests) if k < r.num_slots]
-            drawn, q = sample_rows(
-                logits[active], [requests[i].params for i in active], [requests[i].generator for i in active]
-            )
-            prev = prev.clone()
-            prev[active] = drawn
-            tokens.append(prev)
-            rows.append(dict(zip(active, q)))
-        # One device-to-host copy each for tokens, q rows and confidences of the whole round.
-        token_lists = torch.stack(tokens, 1).tolist()
-        sampled = [i for i, r in enumerate(requests) if not r.params.greedy]
-        probs = to_host([torch.stack([rows[k][i] for k in range(requests[i].num_slots)]) for i in sampled])
-        q_of = dict(zip(sampled, probs))
+            if head is not None:
+                z, state = head.step(prev, h[:, k], state)
+            prev = drawn[:, k] = sampler.draw(self.heads.with_markov(base[:, k], z), k)
+        # Host copies of the whole round at once: tokens, then q rows and confidences in one transfer.
+        token_lists = drawn.tolist()
+        groups = sampler.probs()
+        host = to_host([q for _, q in groups] + self._confidences(requests, h, anchors, drawn))
+        q_of = {i: q[j] for (rows, _), q in zip(groups, host) for j, i in enumerate(rows)}
         raws = confidences = [None] * len(requests)
-        if conf:
-            raw = torch.stack(conf, 1)  # [R, steps] fp32
-            temps = torch.stack([self.sts_temperatures(r.params.temperature)[:steps] for r in requests])
-            raws, confidences = to_host([raw, torch.sigmoid(raw / temps)])
+        if model.cfg.enable_confidence_head:
+            raws, confidences = host[len(groups) :]
         return [
             DraftProposal(
-                token_lists[i][: r.num_slots],
-                probs=q_of.get(i),
-                confidence=None if confidences[i] is None else confidences[i][: r.num_slots],
-                confidence_logits=None if raws[i] is None else raws[i][: r.num_slots],
+                token_lists[i][:n],
+                probs=None if i not in q_of else q_of[i][:n],
+                confidence=None if confidences[i] is None else confidences[i][:n],
+                confidence_logits=None if raws[i] is None else raws[i][:n],
             )
-            for i, r in enumerate(requests)
+            for i, n in enumerate(num_slots)
         ]
+
+    def _confidences(
+        self, requests: list[DraftRequest], h: torch.Tensor, anchors: torch.Tensor, drawn: torch.Tensor
+    ) -> list[torch.Tensor]:
+        """[raw logits, STS-calibrated confidences], each [R, steps]; [] without a confidence head."""
+        if not self.model.cfg.enable_confidence_head:
+            return []
+        steps = drawn.shape[1]
+        previous = torch.cat([anchors[:, None], drawn[:, :-1]], dim=1)  # the token before each slot
+        raw = self.model.confidence_logit(h[:, :steps], previous)  # [R, steps] fp32
+        temps = {}
+        for r in requests:
+            t = r.params.temperature
+            if t not in temps:
+                temps[t] = self.sts_temperatures(t)[:steps]
+        scale = torch.stack([temps[r.params.temperature] for r in requests])
+        return [raw, torch.sigmoid(raw / scale)]
 
     def sts_temperatures(self, sampling_temperature: float) -> torch.Tensor:
         """The STS temperatures fitted at the serving temperature nearest this request's (ones if none)."""
@@ -169,6 +206,6 @@ class BlockDraftRuntime:
         return self.calibration[nearest]
 
     def release(self, seq_id: str) -> None:
-        self._ctx.pop(seq_id, None)
+        self.cache.release(seq_id)
         self._len.pop(seq_id, None)
         self._pending.pop(seq_id, None)

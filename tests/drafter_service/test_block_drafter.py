@@ -85,23 +85,27 @@ def test_block_slots_never_see_positions_at_or_after_their_anchor():
     assert not torch.allclose(block_out(hidden), block_out(changed))
 
 
-def test_markov_term_follows_the_sampled_previous_token_and_is_q():
+@pytest.mark.parametrize("head_dtype", ["float32", "bfloat16"])
+def test_markov_term_follows_the_sampled_previous_token_and_is_q(head_dtype):
     from drafter_service.runtime.block import BlockDraftRuntime
 
     model = make()
-    runtime = BlockDraftRuntime.__new__(BlockDraftRuntime)
-    runtime.model, runtime.block_size, runtime.calibration = model, GAMMA, {}
-    runtime.device = model.device
-    runtime._ctx, runtime._len, runtime._pending = {}, {}, {}
-    runtime.add_context("s", list(range(6)), torch.randn(6, 2 * D))
+    runtime = BlockDraftRuntime.of(model, GAMMA, head_dtype)
+    assert runtime.heads.dtype == getattr(torch, head_dtype)
+    hidden = torch.randn(6, 2 * D)
+    runtime.add_context("s", list(range(6)), hidden)
     params = SamplingParams(temperature=0.8, top_k=20)
     request = DraftRequest("s", list(range(7)), GAMMA, params, torch.Generator().manual_seed(3))
     proposal = runtime.propose([request])[0]
     # Recompute every slot's q from the block's base logits and the token sampled just before it.
-    context = [(k[None], v[None]) for k, v in runtime._ctx["s"]]
+    context = model.context_kv(model.context_features(hidden[None]), torch.arange(6)[None])
     tokens = torch.tensor([[6] + [MASK] * (GAMMA - 1)])
     mask = torch.ones(1, GAMMA, 6 + GAMMA, dtype=torch.bool)
-    base = model.base_logits(model.run_block(tokens, 6 + torch.arange(GAMMA)[None], context, mask))[0]
+    h = model.run_block(tokens, 6 + torch.arange(GAMMA)[None], context, mask)
+    base = runtime.heads.base_logits(h)[0]
+    # The serving head is the model's LM head, up to the rounding of its dtype.
+    tolerance = {"float32": 1e-5, "bfloat16": 2e-2}[head_dtype]
+    torch.testing.assert_close(base, model.base_logits(h)[0], atol=tolerance, rtol=tolerance)
     prev = 6
 
     def bias(token):

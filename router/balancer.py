@@ -25,6 +25,7 @@ class _Parsed:
     version: object  # the stats' `ts`
     snapshot_at: float
     state: ReplicaState
+    held: frozenset[str]  # the route keys the snapshot's engine runs
 
 
 class Balancer:
@@ -89,11 +90,12 @@ class Balancer:
             snapshot_at = min(float(version), now) if version is not None else -math.inf
             speed = speed_of(stats, self.prior_acceptance) if stats else None
             base = replica_state(replica_id, stats, speed, self.classes, self.default, math.inf)
-            parsed = self._parsed[replica_id] = _Parsed(version, snapshot_at, base)
+            held = frozenset(stats.get("running_keys") or ()) if stats else frozenset()
+            parsed = self._parsed[replica_id] = _Parsed(version, snapshot_at, base, held)
         state = parsed.state
         if stats:
             state = replace(state, age_s=now - parsed.snapshot_at)
-        return self.ledger.apply(state, parsed.snapshot_at, now)
+        return self.ledger.apply(state, parsed.held, parsed.snapshot_at, now)
 
     def _page_size(self, replica_id: str) -> int:
         parsed = self._parsed.get(replica_id)

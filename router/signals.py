@@ -5,16 +5,16 @@ controller polls them every `routing_stats_period_s` and broadcasts them, so the
 since the snapshot and still count what finished since. The router's own ledger is immediate but partial:
 it knows only its own requests (every ingress replica runs its own router). Together, per replica:
 
-    load = stats' running and queued  + what this router sent after the snapshot
-                                       - what it saw finish after the snapshot (sent before it)
+    load = the snapshot's running and queued  + what this router sent that the snapshot does not hold
+                                                - what it saw finish that the snapshot still holds
 
-with the KV pages and prefill tokens of those requests moved the same way. The snapshot's time is the
-replica's clock (`ts`); it is taken as no later than the moment this router first saw it, so a replica
-clock running ahead cannot make its numbers look fresher than they are. A skew allowance decides the
-requests sent close to the snapshot: they count as unseen (added), and as still counted (not
-subtracted), which errs towards more load. The age of the stats is carried into the state; the policy
-ranks stale replicas after fresh ones. Requests the router decided but Serve never confirmed (cancelled
-while waiting) leave the ledger after `tentative_ttl_s`.
+with the KV pages and prefill tokens of those requests moved the same way. Which requests a snapshot
+holds is exact, not guessed from clocks: a routed request runs in the engine under its route key
+(deployments/running.py) and the snapshot lists the keys it runs. The snapshot's time (`ts`) only ages
+the signals, taken as no later than the moment this router first saw it, so a replica whose clock runs
+ahead cannot look fresher than it is; the policy ranks stale replicas after fresh ones. Requests the
+router decided but Serve never confirmed (cancelled while waiting) leave the ledger after
+`tentative_ttl_s`.
 
 Pure logic (no Ray, no I/O): times are arguments, and the caller serialises access.
 """
@@ -23,12 +23,10 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from router.policy import Newcomer, ReplicaState, Sla, Speed, SpsTable, pages_for, tau
-
-SKEW_S = 0.05  # clocks of one host agree far better; across hosts NTP keeps them within this
 
 
 def fit_acceptance(recent_tau: float, mean_verified: float, prior: float) -> float:
@@ -75,6 +73,7 @@ def speed_of(stats: Mapping, prior_acceptance: float) -> Speed | None:
 class Sent:
     """One request this router sent to a replica."""
 
+    route_key: str  # its engine id's suffix: how a snapshot names it
     prompt_tokens: int
     max_tokens: int
     pages: int
@@ -101,7 +100,7 @@ class Ledger:
         """The router chose `replica_id` for the request (tentative until `routed`)."""
         self._drop(key)
         pages = pages_for(newcomer.prompt_tokens + newcomer.max_tokens, page_size)
-        entry = Sent(newcomer.prompt_tokens, newcomer.max_tokens, pages, newcomer.sla, now)
+        entry = Sent(newcomer.key, newcomer.prompt_tokens, newcomer.max_tokens, pages, newcomer.sla, now)
         self._replicas.setdefault(replica_id, _Replica()).live[key] = entry
         self._where[key] = replica_id
 
@@ -129,34 +128,35 @@ class Ledger:
         replica = self._replicas.get(replica_id)
         return len(replica.live) if replica else 0
 
-    def apply(self, state: ReplicaState, snapshot_at: float, now: float) -> ReplicaState:
-        """`state` (from stats taken at `snapshot_at`) corrected by what changed since, in this router."""
+    def apply(
+        self, state: ReplicaState, held: Collection[str], snapshot_at: float, now: float
+    ) -> ReplicaState:
+        """`state`, from a snapshot taken at `snapshot_at` that holds the route keys `held`, corrected by
+        what this router sent that it does not hold and saw finish that it still holds."""
         replica = self._replicas.get(state.replica_id)
         if replica is None:
             return state
         self._expire(replica, now)
-        while replica.done and replica.done[0][0] < snapshot_at - SKEW_S:
-            replica.done.popleft()  # finished before the snapshot: the stats already show it
-        added = [s for s in replica.live.values() if s.sent_at > snapshot_at - SKEW_S]
-        gone = [s for t, s in replica.done if t > snapshot_at and s.sent_at < snapshot_at - SKEW_S]
-        slas = {s.sla for s in replica.live.values()}
+        # Finished, and a snapshot taken since no longer holds it: nothing left to correct.
+        replica.done = deque((t, s) for t, s in replica.done if s.route_key in held or t > snapshot_at)
+        added = [s for s in replica.live.values() if s.route_key not in held]
+        gone = [s for _, s in replica.done if s.route_key in held]
+        if not added and not gone:
+            return state
         running = max(0, state.running - len(gone))
         queued = state.queued + len(added) - max(0, len(gone) - state.running)
+        free_pages = state.free_pages - sum(s.pages for s in added) + sum(s.pages for s in gone)
         return ReplicaState(
             replica_id=state.replica_id,
             speed=state.speed,
             running=running,
             queued=max(0, queued),
             queued_prefill_tokens=state.queued_prefill_tokens + sum(s.prompt_tokens for s in added),
-            free_pages=min(
-                state.total_pages, state.free_pages - sum(s.pages for s in added) + sum(s.pages for s in gone)
-            )
-            if state.speed is not None
-            else state.free_pages,
+            free_pages=min(state.total_pages, free_pages) if state.speed is not None else state.free_pages,
             total_pages=state.total_pages,
             page_size=state.page_size,
             max_num_seqs=state.max_num_seqs,
-            running_slas=tuple({*state.running_slas, *slas}),
+            running_slas=tuple({*state.running_slas, *(s.sla for s in replica.live.values())}),
             remaining_tokens=tuple(sorted((*state.remaining_tokens, *(s.max_tokens for s in added)))),
             age_s=state.age_s,
             healthy=state.healthy,

@@ -4,6 +4,7 @@ and aged; the Balancer that keeps them between decisions."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -70,37 +71,40 @@ def test_speed_and_state_from_stats():
     assert set(state.running_slas) == {INTERACTIVE, STANDARD}
 
 
-def test_ledger_adds_what_was_sent_after_the_snapshot_and_removes_what_finished_since():
+def test_ledger_adds_what_the_snapshot_does_not_hold_and_removes_what_finished_but_it_still_holds():
     ledger = Ledger()
     base = replica_state("r", stats(10.0), speed_of(stats(10.0), 0.5), CLASSES, STANDARD, 0.0)
-    early = Newcomer(prompt_tokens=30, max_tokens=34, sla=STANDARD)  # 64 tokens: 4 pages
-    ledger.sent("r", "early", early, page_size=16, now=9.0)  # before the snapshot: the stats hold it
+    early = Newcomer(prompt_tokens=30, max_tokens=34, sla=STANDARD, key="e1")  # 64 tokens: 4 pages
+    ledger.sent("r", "early", early, page_size=16, now=9.0)
     ledger.routed("r", "early", early, page_size=16, now=9.0)
-    late = Newcomer(prompt_tokens=20, max_tokens=12, sla=INTERACTIVE)  # 32 tokens: 2 pages
+    late = Newcomer(prompt_tokens=20, max_tokens=12, sla=INTERACTIVE, key="l1")  # 32 tokens: 2 pages
     ledger.sent("r", "late", late, page_size=16, now=10.5)
-    state = ledger.apply(base, snapshot_at=10.0, now=10.6)
+    # The snapshot holds "early" (its engine runs it) and not yet "late": only "late" is added.
+    state = ledger.apply(base, held={"e1", "x"}, snapshot_at=10.0, now=10.6)
     assert (state.running, state.queued, state.queued_prefill_tokens) == (2, 2, 60)
     assert state.free_pages == 48 and state.remaining_tokens == (10, 12, 30)
-    # "early" finishes after the snapshot: the stats still count it, the ledger takes it out.
+    # "early" finishes; the snapshot still holds it: the ledger takes it out.
     ledger.completed("r", "early", now=10.7)
-    state = ledger.apply(base, snapshot_at=10.0, now=10.8)
+    state = ledger.apply(base, held={"e1", "x"}, snapshot_at=10.0, now=10.8)
     assert (state.running, state.queued, state.free_pages) == (1, 2, 52)
-    # A newer snapshot already shows both changes: nothing is corrected twice.
+    # Even a snapshot taken after it finished (the replica had not yet freed it) is corrected.
+    assert ledger.apply(base, held={"e1", "x"}, snapshot_at=10.9, now=11.0).running == 1
+    # A newer snapshot holds "late" and no longer "early": nothing is corrected twice.
     newer = replica_state("r", stats(11.0), base.speed, CLASSES, STANDARD, 0.0)
-    assert ledger.apply(newer, snapshot_at=11.0, now=11.1).running == newer.running
+    assert ledger.apply(newer, held={"l1", "x"}, snapshot_at=11.0, now=11.1) == newer
 
 
 def test_ledger_moves_a_request_placed_elsewhere_and_expires_unconfirmed_ones():
     ledger = Ledger(tentative_ttl_s=2.0)
-    request = Newcomer(prompt_tokens=10, max_tokens=6, sla=STANDARD)
+    request = Newcomer(prompt_tokens=10, max_tokens=6, sla=STANDARD, key="k")
     ledger.sent("a", "k", request, page_size=16, now=0.0)
     assert ledger.in_flight("a") == 1
     ledger.routed("b", "k", request, page_size=16, now=0.1)  # "a" was full: Serve took the next rank
     assert (ledger.in_flight("a"), ledger.in_flight("b")) == (0, 1)
-    ledger.sent("a", "gone", request, page_size=16, now=0.0)  # cancelled before Serve placed it
+    ledger.sent("a", "gone", replace(request, key="g"), page_size=16, now=0.0)  # cancelled while waiting
     base = replica_state("a", stats(-1.0), speed_of(stats(-1.0), 0.5), CLASSES, STANDARD, 0.0)
-    assert ledger.apply(base, snapshot_at=-1.0, now=1.0).queued == base.queued + 1
-    assert ledger.apply(base, snapshot_at=-1.0, now=2.5).queued == base.queued
+    assert ledger.apply(base, held=(), snapshot_at=-1.0, now=1.0).queued == base.queued + 1
+    assert ledger.apply(base, held=(), snapshot_at=-1.0, now=2.5).queued == base.queued
     ledger.forget("b")
     assert ledger.in_flight("b") == 0
 

@@ -49,7 +49,7 @@ def build_app(args: dict | AppConfig) -> Application:
         health_check_period_s=config.health_check_period_s,
         health_check_timeout_s=config.health_check_timeout_s,
         graceful_shutdown_timeout_s=config.graceful_shutdown_timeout_s,
-        request_router_config={"request_routing_stats_period_s": config.routing_stats_period_s},
+        request_router_config=config.request_router_config(),
         **placement,
     ).bind(data)
     return Ingress.options(

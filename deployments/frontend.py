@@ -9,17 +9,25 @@ replica (deployments/running.py), so it finds a request whichever ingress admitt
 request_id reused across ingresses runs twice, harmlessly, rather than colliding. Chat templating and
 tokenization of bodies up to max_request_bytes run on a small thread pool, never on the event loop
 that carries every other stream of this ingress.
+
+Each request carries its routing inputs to the SLA router (router/serve_router.py), which runs in this
+process: its prompt length, max_tokens and SLA class (router/sla.py), as the `route` keyword of the
+replica call. The router's decision for it (scores per replica, the pick or the refusal) is collected
+once the first event or the refusal arrives: logged (debug) with the request id and kept on the Stream
+as `route`, the record a trace span attaches.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import json
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from jinja2 import TemplateError
 
@@ -28,6 +36,11 @@ from deployments.errors import UnauthorizedError
 from deployments.events import StreamEvent
 from deployments.validation import GenerationRequest, Limits
 from dspark.errors import InvalidRequestError
+from router import decisions
+from router.policy import Newcomer
+from router.sla import classes_of, resolve
+
+log = logging.getLogger(__name__)
 
 # Used when a tokenizer ships no chat template (the demo tokenizer, the test tokenizer).
 FALLBACK_CHAT_TEMPLATE = (
@@ -47,6 +60,7 @@ class Stream:
     prompt_tokens: int
     first: StreamEvent
     _source: object  # DeploymentResponseGenerator
+    route: dict | None = None  # the SLA router's decision (router/policy.py Decision.to_dict)
 
     async def events(self) -> AsyncIterator[StreamEvent]:
         finished = self.first.finished
@@ -72,6 +86,7 @@ class Frontend:
         self.config = config
         self.limits = Limits(max_request_bytes=config.max_request_bytes)
         self.api_keys = config.accepted_api_keys()
+        self.slas = classes_of(config.sla_classes)
         self.model_name = config.model_name
         self.created = int(time.time())
         self.tokenizer = AutoTokenizer.from_pretrained(config.engine_config().model, trust_remote_code=False)
@@ -92,23 +107,29 @@ class Frontend:
         if not any(hmac.compare_digest(token, key) for key in self.api_keys):
             raise UnauthorizedError("missing or invalid bearer token")
 
-    async def open(self, req: GenerationRequest) -> Stream:
-        """Validate against the model, then admit the request on a replica and await its first event."""
+    async def open(self, req: GenerationRequest, headers: Mapping[str, str] | None = None) -> Stream:
+        """Validate against the model, then admit the request on a replica and await its first event.
+
+        `headers`: the HTTP headers or gRPC metadata (lower-case names), for the SLA headers."""
         if req.model is not None and req.model != self.model_name:
             raise InvalidRequestError(
                 "model", f"unknown model {req.model!r}; this server serves {self.model_name!r}"
             )
+        sla = resolve(self.slas, self.config.default_sla_class, req.sla_class, headers or {})
+        params = replace(req.params, sla_class=sla.name)  # the engine's per-class draft budget reads it
         info = await self.model_info()
         loop = asyncio.get_running_loop()
         ids = await loop.run_in_executor(self._tokenize_pool, self.prompt_ids, req, info)
         rid = req.request_id or uuid.uuid4().hex
-        source = self.replica.options(stream=True).generate.remote(ids, req.params, rid)
+        route = Newcomer(len(ids), params.max_tokens, sla, key=uuid.uuid4().hex[:12])
+        source = self.replica.options(stream=True).generate.remote(ids, params, rid, route=route)
         try:
             first = await source.__anext__()
         except BaseException:
             source.cancel()
+            collect_decision(rid, route)
             raise
-        return Stream(rid, len(ids), first, source)
+        return Stream(rid, len(ids), first, source, collect_decision(rid, route))
 
     async def abort(self, request_id: str) -> bool:
         """Stop every running request with this id, whichever ingress admitted it: each target replica
@@ -156,3 +177,11 @@ class Frontend:
             return self.tokenizer.encode(text, add_special_tokens=False)
         # Exactly what Engine.tokenize does, so served output equals offline output for the same text.
         return self.tokenizer.encode(req.prompt, add_special_tokens=False)
+
+
+def collect_decision(request_id: str, route: Newcomer) -> dict | None:
+    """The SLA router's decision for this request, logged with its id (None under Serve's routers)."""
+    decision = decisions.pop(route.key)
+    if decision is not None:
+        log.debug("route %s: %s", request_id, json.dumps(decision, separators=(",", ":")))
+    return decision

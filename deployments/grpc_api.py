@@ -65,8 +65,9 @@ class GrpcService:
 
     async def Generate(self, request: pb.GenerateRequest, grpc_context) -> AsyncIterator[pb.GenerateResponse]:
         try:
-            self.authorize(_metadata(grpc_context).get("authorization"))
-            stream = await self.open(validation.grpc_request(request, self.limits))
+            metadata = _metadata(grpc_context)
+            self.authorize(metadata.get("authorization"))
+            stream = await self.open(validation.grpc_request(request, self.limits), metadata)
             rid = stream.request_id
             async with aclosing(stream.events()) as events:
                 async for event in events:

@@ -92,7 +92,7 @@ async def _generate(request: Request, chat: bool) -> Response:
         )
         parse = validation.chat_request if chat else validation.completion_request
         req = parse(body, frontend.limits)
-        stream = await frontend.open(req)
+        stream = await frontend.open(req, request.headers)
     except Exception as exc:
         return _error(exc)
     rid = ("chatcmpl-" if chat else "cmpl-") + stream.request_id

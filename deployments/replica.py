@@ -24,6 +24,7 @@ from deployments.tensor_parallel import KEEPALIVE_PERIOD_S
 from dspark.async_engine import CALL_TIMEOUT_S, AsyncEngine
 from dspark.engine import Engine
 from dspark.sampling_params import SamplingParams
+from router.policy import Newcomer
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,12 @@ class TargetReplica:
             )
         else:
             engine = Engine(engine_config)
+        # The SLA router predicts speed from SPS(B): profiled now, before any request holds the cache.
+        self._routing_table = (
+            replica_state.routing_cost_table(engine) if self.config.router == "sla" else None
+        )
         self.engine = AsyncEngine(engine=engine)
-        self._tau = replica_state.TauWindow()
+        self._recent = replica_state.RecentRounds()
         self._last_stats: dict = {}
         self.stats_timeout_s = CALL_TIMEOUT_S
         self._pending_snapshot: asyncio.Future | None = None  # at most one stats call queued at a time
@@ -56,17 +61,24 @@ class TargetReplica:
         self._running = running.RunningRequests()
 
     async def generate(
-        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        route: Newcomer | None = None,
     ) -> AsyncIterator[StreamEvent]:
         """Stream one request; cancelling this call (client gone) or `abort(request_id)` aborts it and
         frees its KV blocks. `request_id` is the client's label (deployments/running.py).
+
+        `route` is what the SLA router read to place the request (router/serve_router.py); the call
+        carries it so Serve shows it to the router, and the replica has no use for it.
 
         Each message costs a hop through Ray, so whatever the engine produced while the previous
         message was in flight is sent as one merged event rather than one per step.
         """
         self._ensure_keepalive()
         pending: asyncio.Queue = asyncio.Queue()
-        engine_id = running.engine_request_id(request_id)
+        engine_id = running.engine_request_id(request_id, route.key if route is not None else None)
 
         async def pump() -> None:
             try:
@@ -127,7 +139,7 @@ class TargetReplica:
         except Exception as exc:  # stuck or dead: check_health reports it, the router keeps old numbers
             log.warning("routing stats unavailable (%r); publishing the last reading", exc)
             return {**self._last_stats, "healthy": False}
-        snap["recent_tau"] = self._tau.update(snap.pop("rounds"), snap.pop("accepted_tokens"))
+        snap |= self._recent.update(*(snap.pop(name) for name in replica_state.COUNTERS))
         snap["healthy"] = self.engine.is_healthy(self.config.stuck_after_s)
         snap["replica_id"] = _replica_id()
         self._last_stats = snap
@@ -137,7 +149,8 @@ class TargetReplica:
         """The engine's state, read on its thread within `stats_timeout_s`. While a read is still
         queued behind a slow step, later calls wait on that one instead of queueing more."""
         if self._pending_snapshot is None or self._pending_snapshot.done():
-            self._pending_snapshot = asyncio.wrap_future(self.engine.submit(replica_state.snapshot))
+            read = self.engine.submit(replica_state.snapshot, self._routing_table)
+            self._pending_snapshot = asyncio.wrap_future(read)
             self._pending_snapshot.add_done_callback(_retrieve)
         try:
             return dict(await asyncio.wait_for(asyncio.shield(self._pending_snapshot), self.stats_timeout_s))

@@ -36,6 +36,10 @@ class AppConfig(BaseModel):
     # seed, device) and `sglang` holds SGLang's own (deployments/sglang_args.py).
     backend: Literal["builtin", "sglang"] = "builtin"
     sglang: SGLangOptions | None = None
+    # Engine options that differ per replica: the replica of Serve rank r also applies
+    # engine_by_rank[r % len] on top of `engine` (heterogeneous pools, a canary, benchmarks), e.g.
+    # [{}, {"drafter": "none"}] runs every other replica without speculation.
+    engine_by_rank: list[dict] = Field(default_factory=list)
     tensor_parallel_size: int = Field(1, ge=1)
     num_replicas: int = Field(1, ge=1, description="target replicas; with autoscaling_config, Serve decides")
     # The ingress holds no request state (Abort reaches every target replica), so it scales out freely.
@@ -161,10 +165,14 @@ class AppConfig(BaseModel):
     def _engine_fields(self) -> AppConfig:
         if "model" in self.engine:
             raise ValueError("engine.model: set the top-level `model` instead")
-        try:
-            self.engine_config()  # EngineConfig names the field if an option is wrong
-        except TypeError as exc:  # an unknown option
-            raise ValueError(f"engine: {exc}") from None
+        if any("model" in extra for extra in self.engine_by_rank):
+            raise ValueError("engine_by_rank: every replica serves the top-level `model`")
+        for rank in range(max(1, len(self.engine_by_rank))):
+            name = f"engine_by_rank[{rank}]" if self.engine_by_rank else "engine"
+            try:
+                self.engine_config(rank)  # EngineConfig names the field if an option is wrong
+            except TypeError as exc:  # an unknown option
+                raise ValueError(f"{name}: {exc}") from None
         return self
 
     @model_validator(mode="after")
@@ -173,13 +181,21 @@ class AppConfig(BaseModel):
             if self.sglang is not None:
                 raise ValueError("sglang: SGLang's options apply with backend: sglang only")
             return self
+        if self.engine_by_rank:
+            raise ValueError("engine_by_rank: engines that differ by rank need backend: builtin")
         from deployments.sglang_args import translate
 
         translate(self, {})  # refuses, by name, what SGLang has no counterpart for
         return self
 
-    def engine_config(self) -> EngineConfig:
-        return EngineConfig(model=str(Path(self.model).expanduser().resolve()), **self.engine)
+    def engine_config(self, rank: int = 0) -> EngineConfig:
+        """The engine of the replica of Serve rank `rank` (they differ only with engine_by_rank)."""
+        extra = self.engine_by_rank[rank % len(self.engine_by_rank)] if self.engine_by_rank else {}
+        return EngineConfig(model=str(Path(self.model).expanduser().resolve()), **(self.engine | extra))
+
+    def engine_configs(self) -> list[EngineConfig]:
+        """Every distinct replica engine."""
+        return [self.engine_config(rank) for rank in range(max(1, len(self.engine_by_rank)))]
 
     @property
     def max_replicas(self) -> int:

@@ -35,7 +35,7 @@ class TargetReplica:
         self.config = AppConfig(**config)
         if self.config.torch_num_threads:
             torch.set_num_threads(self.config.torch_num_threads)
-        engine_config = self.config.engine_config()
+        engine_config = self.config.engine_config(_replica_rank())
         self._tp_group = None
         if self.config.tensor_parallel_size > 1:
             from deployments import tensor_parallel
@@ -48,10 +48,9 @@ class TargetReplica:
             )
         else:
             engine = Engine(engine_config)
-        # The SLA router predicts speed from SPS(B): profiled now, before any request holds the cache.
-        self._routing_table = (
-            replica_state.routing_cost_table(engine) if self.config.router == "sla" else None
-        )
+        # The SLA router predicts speed from SPS(B): profiled now (or read from the cache), before any
+        # request holds the KV cache, if the engine schedules without a table of its own.
+        self._routing_table = replica_state.routing_cost_table(engine)
         self.engine = AsyncEngine(engine=engine)
         self._recent = replica_state.RecentRounds()
         self._last_stats: dict = {}
@@ -202,6 +201,13 @@ def _retrieve(future: asyncio.Future) -> None:
     """Mark a stats read's outcome as seen: it may finish after every caller stopped waiting."""
     if not future.cancelled():
         future.exception()
+
+
+def _replica_rank() -> int:
+    try:
+        return serve.get_replica_context().rank.rank
+    except Exception:  # outside Serve (tests calling the class directly)
+        return 0
 
 
 def _replica_id() -> str:

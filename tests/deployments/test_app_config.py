@@ -118,3 +118,21 @@ def test_sla_classes_are_checked_by_name():
         AppConfig(model="m", router_options={"tie_margin": -1})
     with pytest.raises(pydantic.ValidationError, match="router"):
         AppConfig(model="m", router="least_loaded")
+
+
+def test_engine_options_by_rank_make_heterogeneous_replicas(qwen3_dir):
+    config = AppConfig(
+        model="m", engine={"max_num_seqs": 8}, engine_by_rank=[{}, {"max_num_seqs": 4, "drafter": "none"}]
+    )
+    assert [e.max_num_seqs for e in config.engine_configs()] == [8, 4]
+    assert config.engine_config(3).drafter == "none" and config.engine_config(2).max_num_seqs == 8
+    with pytest.raises(pydantic.ValidationError, match=r"engine_by_rank\[1\]: .*no_such_option"):
+        AppConfig(model="m", engine_by_rank=[{}, {"no_such_option": 1}])
+    with pytest.raises(pydantic.ValidationError, match="max_num_seqs"):
+        AppConfig(model="m", engine_by_rank=[{"max_num_seqs": 0}])
+    # Serve admits as many requests per replica as the largest engine takes; the router keeps to each.
+    app = build_app({"model": str(qwen3_dir), "engine_by_rank": [{"max_num_seqs": 3}, {"max_num_seqs": 5}]})
+    replica = app._bound_deployment.init_args[0]._bound_deployment
+    assert replica._deployment_config.max_ongoing_requests == 5
+    # The router's settings stay out of the replicas' arguments (changing them restarts no replica).
+    assert "router" not in replica.init_args[0] and "sla_classes" not in replica.init_args[0]

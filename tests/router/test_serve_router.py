@@ -35,7 +35,13 @@ STANDARD = Sla("standard", ttft_s=5.0, tpot_s=0.25, priority=1)
 @pytest.fixture(scope="module")
 def routed(serve_stack):
     engine = {**ENGINE, "drafter": "none", "num_kv_pages": 32}
-    args = app_args(serve_stack.model_dir, engine=engine, routing_stats_period_s=0.1)
+    # Heterogeneous on purpose: the replica of rank 1 holds at most 6 requests.
+    args = app_args(
+        serve_stack.model_dir,
+        engine=engine,
+        engine_by_rank=[{}, {"max_num_seqs": 6}],
+        routing_stats_period_s=0.1,
+    )
     serve.run(build_app(args), name=ROUTED, route_prefix="/routed")
     handle = serve.get_deployment_handle("TargetReplica", ROUTED)
     wait_until(lambda: len(stats()) == 2 and all("sps_table" in s for s in stats().values()), what="stats")
@@ -60,6 +66,14 @@ def send(handle, prompt_tokens: int, max_tokens: int, sla: Sla = STANDARD):
 
 def finished() -> dict[str, int]:
     return {rid: s["finished_requests"] for rid, s in stats().items()}
+
+
+def test_replicas_differ_by_rank_and_publish_what_the_policy_reads(routed):
+    published = list(stats().values())
+    assert sorted(s["max_num_seqs"] for s in published) == [6, 8]
+    for s in published:
+        assert s["kv_total_pages"] == 32 and s["sps_table"][0][0] == 1 and s["ts"] > 0
+        assert {"recent_tau", "mean_verified", "step_overhead", "running_keys", "remaining_tokens"} <= set(s)
 
 
 def test_requests_go_where_the_policy_says(routed):
@@ -94,7 +108,8 @@ def test_no_room_anywhere_is_refused_with_a_retry_hint_from_the_predictions(rout
     assert decision["action"] == "shed" and err.value.reason == "no replica has room"
     assert set(decision["excluded"].values()) == {"no KV room"}
     # Computed: when the first holder will have finished, at the pace its replica runs now; not a cap.
-    assert 0.25 <= err.value.retry_after_s == decision["retry_after_s"] < 30.0
+    assert 0.25 <= err.value.retry_after_s < 30.0
+    assert decision["retry_after_s"] == round(err.value.retry_after_s, 3)
     for _, held in holders:
         held.cancel()
     wait_until(lambda: admitted(routed), what="a request admitted once the holders are gone")

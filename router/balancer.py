@@ -52,9 +52,11 @@ class Balancer:
         """Rank the replicas for `newcomer`; `stats` maps replica id -> its latest routing stats.
 
         A routed request enters the ledger at once (tentatively), so a burst decided before Serve
-        confirms any of it does not all land on the same replica.
+        confirms any of it does not all land on the same replica; one decided again withdraws its
+        earlier, unconfirmed choice first (router/signals.py).
         """
         with self._lock:
+            self.ledger.withdraw(key)
             states = [self._state(rid, s, now) for rid, s in stats.items()]
             decision = decide(states, newcomer, self.config, self._rng)
             if decision.action == "route":

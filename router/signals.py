@@ -12,9 +12,14 @@ with the KV pages and prefill tokens of those requests moved the same way. Which
 holds is exact, not guessed from clocks: a routed request runs in the engine under its route key
 (deployments/running.py) and the snapshot lists the keys it runs. The snapshot's time (`ts`) only ages
 the signals, taken as no later than the moment this router first saw it, so a replica whose clock runs
-ahead cannot look fresher than it is; the policy ranks stale replicas after fresh ones. Requests the
-router decided but Serve never confirmed (cancelled while waiting) leave the ledger after
-`tentative_ttl_s`.
+ahead cannot look fresher than it is; the policy ranks stale replicas after fresh ones.
+
+A decided request counts at once, tentatively, so that a burst decided before Serve confirms any of it
+spreads. Serve asks again for a request whose choices were all full when it tried them: that earlier
+choice did not happen, so the request withdraws it before it is decided again (else every request
+waiting in Serve's queue would hold a phantom slot, and under overload the replicas would look full
+to each other's retries until the entries expired). Requests decided but never confirmed (cancelled
+while waiting) leave the ledger after `tentative_ttl_s`: Serve confirms within a round trip.
 
 Pure logic (no Ray, no I/O): times are arguments, and the caller serialises access.
 """
@@ -91,7 +96,7 @@ class _Replica:
 class Ledger:
     """What this router sent to each replica and saw finish, keyed by Serve's internal request id."""
 
-    def __init__(self, tentative_ttl_s: float = 5.0) -> None:
+    def __init__(self, tentative_ttl_s: float = 1.0) -> None:
         self.tentative_ttl_s = tentative_ttl_s
         self._replicas: dict[str, _Replica] = {}
         self._where: dict[str, str] = {}  # request key -> replica id
@@ -103,6 +108,14 @@ class Ledger:
         entry = Sent(newcomer.key, newcomer.prompt_tokens, newcomer.max_tokens, pages, newcomer.sla, now)
         self._replicas.setdefault(replica_id, _Replica()).live[key] = entry
         self._where[key] = replica_id
+
+    def withdraw(self, key: str) -> None:
+        """The request is being decided again: its tentative choice did not happen (a confirmed one
+        stays: Serve placed it)."""
+        replica_id = self._where.get(key)
+        entry = self._replicas[replica_id].live.get(key) if replica_id is not None else None
+        if entry is not None and not entry.confirmed:
+            self._drop(key)
 
     def routed(self, replica_id: str, key: str, newcomer: Newcomer, page_size: int, now: float) -> None:
         """Serve placed the request on `replica_id` (maybe not the first choice: that one was full)."""

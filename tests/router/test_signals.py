@@ -120,6 +120,26 @@ def test_a_burst_decided_before_any_confirmation_spreads():
     assert sorted(chosen) == ["a", "a", "a", "b", "b", "b"]
 
 
+def test_a_request_asked_about_again_holds_no_phantom_slot():
+    lb = balancer()
+    one_slot = stats(100.0, running_requests=0, queued_requests=0, remaining_tokens=[], max_num_seqs=1)
+    request = Newcomer(10, 10, STANDARD)
+    assert lb.decide(request, "k", {"a": one_slot}, now=100.1).ranking == ("a",)
+    assert lb.decide(Newcomer(10, 10, STANDARD), "k2", {"a": one_slot}, now=100.1).action == "wait"
+    # Serve found "a" full and asks again for "k": its first choice did not happen, it is decided anew.
+    full = stats(100.2, running_requests=1, queued_requests=0, remaining_tokens=[5], max_num_seqs=1)
+    assert lb.decide(request, "k", {"a": full}, now=100.3).action == "wait"
+    assert lb.ledger.in_flight("a") == 0
+    # The slot frees: a waiting request is not kept out by the other's earlier choice.
+    assert lb.decide(
+        Newcomer(10, 10, STANDARD), "k2", {"a": one_slot | {"ts": 100.4}}, now=100.5
+    ).ranking == ("a",)
+    # A confirmed request stays counted whatever is decided after it.
+    lb.routed("a", "k2", request, now=100.6)
+    lb.ledger.withdraw("k2")
+    assert lb.ledger.in_flight("a") == 1
+
+
 def test_signals_age_from_the_snapshot_and_never_look_fresher_than_first_seen():
     lb = balancer()
     now = 1000.0

@@ -70,6 +70,23 @@ class RecentRounds:
         }
 
 
+@dataclass
+class TauWindow:
+    """tau over the rounds since the previous reading, for a backend that counts only rounds and
+    accepted tokens (deployments/sglang_replica.py); RecentRounds is the built-in engine's fuller view."""
+
+    rounds: int = 0
+    accepted: int = 0
+    tau: float = 0.0
+
+    def update(self, rounds: int, accepted: int) -> float:
+        d_rounds, d_accepted = rounds - self.rounds, accepted - self.accepted
+        if d_rounds > 0:  # an idle window keeps the last value: the router wants the replica's tau, not 0
+            self.tau = (d_accepted + d_rounds) / d_rounds
+        self.rounds, self.accepted = rounds, accepted
+        return self.tau
+
+
 def draft_budget(engine: Engine) -> dict:
     """The draft budget in force (dspark.draft_budget.DraftBudget) as JSON-ready data."""
     budget = getattr(engine, "draft_budget", None)

@@ -201,15 +201,22 @@ def replica_state(
     if not stats:
         return ReplicaState(replica_id, None, healthy=True)
     by_class = stats.get("running_by_class") or {}
+    page_size = int(stats.get("kv_page_size", 16))
+    total_pages = int(stats.get("kv_total_pages", 0))
+    free_pages = int(stats.get("kv_unreserved_pages", 0))
+    if "kv_total_pages" not in stats and "kv_total_tokens" in stats:
+        # A backend that reports its KV cache in tokens and a free fraction (SGLang): the same in pages.
+        total_pages = int(stats["kv_total_tokens"]) // page_size
+        free_pages = int(float(stats.get("kv_headroom", 0.0)) * total_pages)
     return ReplicaState(
         replica_id=replica_id,
         speed=speed,
         running=int(stats.get("running_requests", 0)),
         queued=int(stats.get("queued_requests", 0)),
         queued_prefill_tokens=int(stats.get("queued_prefill_tokens", 0)),
-        free_pages=int(stats.get("kv_unreserved_pages", 0)),
-        total_pages=int(stats.get("kv_total_pages", 0)),
-        page_size=int(stats.get("kv_page_size", 16)),
+        free_pages=free_pages,
+        total_pages=total_pages,
+        page_size=page_size,
         max_num_seqs=int(stats.get("max_num_seqs", 1)),
         running_slas=tuple({slas.get(name, default) for name in by_class}),
         remaining_tokens=tuple(sorted(int(n) for n in stats.get("remaining_tokens", ()))),

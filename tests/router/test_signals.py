@@ -120,6 +120,13 @@ def test_a_burst_decided_before_any_confirmation_spreads():
     assert sorted(chosen) == ["a", "a", "a", "b", "b", "b"]
 
 
+def test_a_kv_cache_reported_in_tokens_is_read_as_pages():
+    sglang = {k: v for k, v in stats(1.0).items() if not k.startswith("kv_")}
+    sglang |= {"kv_total_tokens": 1024, "kv_headroom": 0.25}  # SGLang's load report
+    state = replica_state("s", sglang, speed_of(sglang, 0.5), CLASSES, STANDARD, 0.0)
+    assert (state.total_pages, state.free_pages, state.page_size) == (64, 16, 16)
+
+
 def test_a_request_asked_about_again_holds_no_phantom_slot():
     lb = balancer()
     one_slot = stats(100.0, running_requests=0, queued_requests=0, remaining_tokens=[], max_num_seqs=1)

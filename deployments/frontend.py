@@ -10,9 +10,9 @@ request_id reused across ingresses runs twice, harmlessly, rather than colliding
 tokenization of bodies up to max_request_bytes run on a small thread pool, never on the event loop
 that carries every other stream of this ingress.
 
-Each request is a span (dspark/telemetry/spans.py): the surface starts it from the client's trace
-context, `open` hands its context to the replica, and the stream ends it with the usage and the
-replica's speculation attributes of the last event.
+Each request is a span (dspark/telemetry/spans.py): the surface starts it within the client's trace,
+`open` hands its context to the replica, and the stream ends it with the usage and the replica's
+speculation attributes of the last event.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from jinja2 import TemplateError
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
 from deployments.config import AppConfig
 from deployments.errors import UnauthorizedError, classify, unwrap
@@ -116,8 +118,12 @@ class Frontend:
             raise UnauthorizedError("missing or invalid bearer token")
 
     def request_span(self, operation: str, carrier: Mapping[str, str] | None) -> RequestSpan:
-        """A new request's span, continuing the client's trace when `carrier` (headers, metadata) has one."""
-        return RequestSpan(self.telemetry.tracer, operation, self.model_name, carrier)
+        """A new request's span. Over HTTP, FastAPI's server span (which continued the client's
+        `traceparent`) is current and ours becomes its child; over gRPC nothing is, and ours is the
+        server span, continuing the context in `carrier` (the call's metadata)."""
+        if trace.get_current_span().get_span_context().is_valid:
+            return RequestSpan(self.telemetry.tracer, operation, self.model_name, None, SpanKind.INTERNAL)
+        return RequestSpan(self.telemetry.tracer, operation, self.model_name, carrier, SpanKind.SERVER)
 
     async def open(self, req: GenerationRequest, span: RequestSpan | None = None) -> Stream:
         """Validate against the model, then admit the request on a replica and await its first event."""

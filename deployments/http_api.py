@@ -22,7 +22,10 @@ from deployments.frontend import Frontend, Stream, fail_span
 from dspark.errors import InvalidRequestError
 from dspark.telemetry import semconv
 
-app = FastAPI(title="DSpark", docs_url=None, redoc_url=None)
+# FastAPI's own OpenTelemetry (on the process's global providers, dspark/telemetry/setup.py) gives every
+# HTTP request its server span and http.server.* metrics; the request's GenAI span is that span's child.
+# Its per-function operation spans (dependencies, endpoint, serialization) are noise here: off.
+app = FastAPI(title="DSpark", docs_url=None, redoc_url=None, telemetry={"operation_spans": False})
 HEALTH_TIMEOUT_S = 5.0
 
 

@@ -53,7 +53,7 @@ class TargetReplica:
         else:
             engine = Engine(engine_config)
         self.engine = AsyncEngine(engine=engine)
-        self.telemetry = setup_process("replica")
+        self.telemetry = setup_process("replica", prometheus=True)
         self._telemetry = EngineTelemetry(self.telemetry, engine, self.config.model_name, _replica_id())
         self._tau = replica_state.TauWindow()
         self._last_stats: dict = {}

@@ -95,6 +95,7 @@ def process_identity() -> dict[str, str]:
     return identity
 
 
-def setup_process(role: str) -> Telemetry:
-    """This process's providers, named after its Serve replica."""
-    return setup_telemetry(role, process_identity())
+def setup_process(role: str, prometheus: bool = False) -> Telemetry:
+    """This process's providers, named after its Serve replica; `prometheus`: serve the scrape endpoint
+    (the target replicas, whose metrics it exposes)."""
+    return setup_telemetry(role, process_identity(), prometheus=prometheus)

@@ -19,7 +19,7 @@ import logging
 import os
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
@@ -80,14 +80,18 @@ def setup_telemetry(
     span_exporter: SpanExporter | None = None,
     metric_reader: MetricReader | None = None,
     set_global: bool = True,
+    prometheus: bool = True,
 ) -> Telemetry:
     """Providers for a process in `role` ("ingress", "replica"), from os.environ.
 
     `identity`: resource attributes naming this process (service.instance.id, dspark.replica.id, the
     node, ...). `span_exporter` / `metric_reader` add an exporter of the caller's (tests: in-memory)
-    and turn that signal on whatever the environment says.
+    and turn that signal on whatever the environment says. `prometheus`: whether this process serves
+    the scrape endpoint when DSPARK_PROMETHEUS_PORT is set (processes without metrics of their own don't).
     """
     settings = TelemetrySettings.from_env(os.environ)
+    if not prometheus:
+        settings = replace(settings, prometheus_port=None)
     tracing = settings.tracing or span_exporter is not None
     metering = settings.metering or metric_reader is not None
     if not (tracing or metering):

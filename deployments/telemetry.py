@@ -9,12 +9,13 @@ block, which build_app lowers to the `env_vars` of each deployment's runtime_env
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from dspark.telemetry import semconv as sc
-from dspark.telemetry.settings import PROMETHEUS_PORT_ENV, STEP_SAMPLE_RATE_ENV
+from dspark.telemetry.settings import PROMETHEUS_PORT_ENV, STEP_SAMPLE_RATE_ENV, TelemetrySettings
 from dspark.telemetry.setup import Telemetry, setup_telemetry
 
 # The samplers the SDK knows by name (OTEL_TRACES_SAMPLER).
@@ -72,6 +73,28 @@ class TelemetryConfig(BaseModel):
             PROMETHEUS_PORT_ENV: self.prometheus_port,
         }
         return {**self.env, **{k: str(v) for k, v in named.items() if v is not None}}
+
+
+def describe(env: Mapping[str, str], block: TelemetryConfig) -> str:
+    """What an app's processes will export, given the environment Ray starts in and the app's block
+    (which wins): the line `make serve` prints. A bad value raises ValueError naming its variable."""
+    settings = TelemetrySettings.from_env({**env, **block.env_vars()})
+    if settings.disabled:
+        return "telemetry off (OTEL_SDK_DISABLED=true)"
+    parts = []
+    if settings.tracing:
+        where = settings.traces.endpoint or "the console"
+        parts.append(
+            f"traces to {where} ({settings.traces.protocol}), engine steps as span events on "
+            f"{settings.step_sample_rate:.0%} of steps"
+        )
+    if settings.metrics.enabled:
+        parts.append(f"metrics to {settings.metrics.endpoint or 'the console'} ({settings.metrics.protocol})")
+    if settings.prometheus_port is not None:
+        parts.append(f"Prometheus /metrics on each target replica from port {settings.prometheus_port}")
+    if not parts:
+        return "telemetry off: set OTEL_EXPORTER_OTLP_ENDPOINT (e.g. http://localhost:4317) to export it"
+    return "telemetry: " + "; ".join(parts)
 
 
 def process_identity() -> dict[str, str]:

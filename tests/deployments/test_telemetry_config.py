@@ -7,7 +7,7 @@ import pytest
 
 from deployments.app import build_app
 from deployments.config import AppConfig
-from deployments.telemetry import TelemetryConfig
+from deployments.telemetry import TelemetryConfig, describe
 
 
 def test_the_block_as_environment_variables():
@@ -67,3 +67,24 @@ def test_build_app_gives_both_deployments_the_variables(qwen3_dir):
     plain = build_app({"model": str(qwen3_dir)})._bound_deployment
     assert "runtime_env" not in plain.ray_actor_options
     assert "runtime_env" not in plain.init_args[0]._bound_deployment.ray_actor_options
+
+
+def test_make_serve_says_where_telemetry_goes():
+    off = describe({}, TelemetryConfig())
+    assert off.startswith("telemetry off") and "OTEL_EXPORTER_OTLP_ENDPOINT" in off
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://localhost:4317"}
+    assert describe(env, TelemetryConfig()) == (
+        "telemetry: traces to http://localhost:4317 (grpc), engine steps as span events on 5% of steps; "
+        "metrics to http://localhost:4317 (grpc)"
+    )
+    # The app's block wins over the environment; a traces-only backend turns metrics off.
+    block = TelemetryConfig(step_sample_rate=1.0, prometheus_port=9464, env={"OTEL_METRICS_EXPORTER": "none"})
+    assert describe(env, block) == (
+        "telemetry: traces to http://localhost:4317 (grpc), engine steps as span events on 100% of steps; "
+        "Prometheus /metrics on each target replica from port 9464"
+    )
+    assert describe({**env, "OTEL_SDK_DISABLED": "true"}, TelemetryConfig()) == (
+        "telemetry off (OTEL_SDK_DISABLED=true)"
+    )
+    with pytest.raises(ValueError, match="OTEL_EXPORTER_OTLP_PROTOCOL"):
+        describe({**env, "OTEL_EXPORTER_OTLP_PROTOCOL": "thrift"}, TelemetryConfig())

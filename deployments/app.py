@@ -41,6 +41,13 @@ def build_app(args: dict | AppConfig) -> Application:
         replica_class, placement = _sglang_replica(config)
     else:
         replica_class, placement = TargetReplica, _builtin_placement(config)
+    # The app's telemetry settings reach every replica process as OTEL_* variables.
+    env = config.telemetry.env_vars()
+    runtime_env = {"runtime_env": {"env_vars": env}} if env else {}
+    if env:
+        actor = placement["ray_actor_options"]
+        own = actor.get("runtime_env", {})
+        actor["runtime_env"] = {**own, "env_vars": {**env, **own.get("env_vars", {})}}
     data = config.model_dump()
     per_replica = config.max_ongoing_requests or engine.max_num_seqs
     replica = replica_class.options(
@@ -57,7 +64,7 @@ def build_app(args: dict | AppConfig) -> Application:
         # Streams wait on the replicas, not on this process: let each hold every replica's requests.
         max_ongoing_requests=per_replica * config.max_replicas + 16,
         max_queued_requests=config.max_queued_requests,
-        ray_actor_options={"num_cpus": config.ingress_num_cpus},
+        ray_actor_options={"num_cpus": config.ingress_num_cpus, **runtime_env},
     ).bind(replica, data)
 
 

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ray.serve.config import AutoscalingConfig
 
 from deployments.sglang_args import SGLangOptions
+from deployments.telemetry import TelemetryConfig
 from dspark.config import EngineConfig
 
 
@@ -61,6 +62,9 @@ class AppConfig(BaseModel):
     health_check_timeout_s: float = Field(30.0, gt=0)
     graceful_shutdown_timeout_s: float = Field(20.0, ge=0)
     routing_stats_period_s: float = Field(1.0, gt=0)
+    # OpenTelemetry for every process of the app, as OTEL_* variables of the deployments' runtime_env
+    # (deployments/telemetry.py); unset fields leave whatever the environment says.
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
 
     @field_validator("autoscaling_config", "ingress_autoscaling_config")
     @classmethod

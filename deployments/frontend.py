@@ -9,6 +9,10 @@ replica (deployments/running.py), so it finds a request whichever ingress admitt
 request_id reused across ingresses runs twice, harmlessly, rather than colliding. Chat templating and
 tokenization of bodies up to max_request_bytes run on a small thread pool, never on the event loop
 that carries every other stream of this ingress.
+
+Each request is a span (dspark/telemetry/spans.py): the surface starts it within the client's trace,
+`open` hands its context to the replica, and the stream ends it with the usage and the replica's
+speculation attributes of the last event.
 """
 
 from __future__ import annotations
@@ -17,17 +21,22 @@ import asyncio
 import hmac
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from jinja2 import TemplateError
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
 from deployments.config import AppConfig
-from deployments.errors import UnauthorizedError
+from deployments.errors import UnauthorizedError, classify, unwrap
 from deployments.events import StreamEvent
+from deployments.telemetry import setup_process
 from deployments.validation import GenerationRequest, Limits
 from dspark.errors import InvalidRequestError
+from dspark.telemetry.semconv import TEXT_COMPLETION
+from dspark.telemetry.spans import RequestSpan
 
 # Used when a tokenizer ships no chat template (the demo tokenizer, the test tokenizer).
 FALLBACK_CHAT_TEMPLATE = (
@@ -47,21 +56,36 @@ class Stream:
     prompt_tokens: int
     first: StreamEvent
     _source: object  # DeploymentResponseGenerator
+    span: RequestSpan | None = None
 
     async def events(self) -> AsyncIterator[StreamEvent]:
-        finished = self.first.finished
+        last = self.first
         try:
             yield self.first
-            while not finished:
+            while not last.finished:
                 try:
                     event = await self._source.__anext__()
                 except StopAsyncIteration:
                     return
-                finished = event.finished
+                last = event
                 yield event
+        except Exception as exc:
+            fail_span(self.span, exc)
+            raise
         finally:
-            if not finished:
+            if not last.finished:
                 self._source.cancel()  # the client left: the replica aborts and frees the KV blocks
+            if self.span is not None and last.finished:
+                span_attrs = last.span_attributes
+                self.span.finish(last.finish_reason, last.prompt_tokens, last.completion_tokens, span_attrs)
+            elif self.span is not None:
+                self.span.end()
+
+
+def fail_span(span: RequestSpan | None, exc: BaseException) -> None:
+    """Record a failed request on its span: the replica's error type; an error status for 5xx only."""
+    if span is not None:
+        span.fail(unwrap(exc), server_fault=classify(exc).http_status >= 500)
 
 
 class Frontend:
@@ -77,6 +101,7 @@ class Frontend:
         self.tokenizer = AutoTokenizer.from_pretrained(config.engine_config().model, trust_remote_code=False)
         self._tokenize_pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="tokenize")
         self._info: dict | None = None
+        self.telemetry = setup_process("ingress")
 
     async def model_info(self) -> dict:
         """The engine's own view (context length, drafter), fetched from a replica once."""
@@ -92,8 +117,18 @@ class Frontend:
         if not any(hmac.compare_digest(token, key) for key in self.api_keys):
             raise UnauthorizedError("missing or invalid bearer token")
 
-    async def open(self, req: GenerationRequest) -> Stream:
+    def request_span(self, operation: str, carrier: Mapping[str, str] | None) -> RequestSpan:
+        """A new request's span. Over HTTP, FastAPI's server span (which continued the client's
+        `traceparent`) is current and ours becomes its child; over gRPC nothing is, and ours is the
+        server span, continuing the context in `carrier` (the call's metadata)."""
+        if trace.get_current_span().get_span_context().is_valid:
+            return RequestSpan(self.telemetry.tracer, operation, self.model_name, None, SpanKind.INTERNAL)
+        return RequestSpan(self.telemetry.tracer, operation, self.model_name, carrier, SpanKind.SERVER)
+
+    async def open(self, req: GenerationRequest, span: RequestSpan | None = None) -> Stream:
         """Validate against the model, then admit the request on a replica and await its first event."""
+        if span is not None:
+            span.set_request(req.params, req.model)
         if req.model is not None and req.model != self.model_name:
             raise InvalidRequestError(
                 "model", f"unknown model {req.model!r}; this server serves {self.model_name!r}"
@@ -102,13 +137,19 @@ class Frontend:
         loop = asyncio.get_running_loop()
         ids = await loop.run_in_executor(self._tokenize_pool, self.prompt_ids, req, info)
         rid = req.request_id or uuid.uuid4().hex
-        source = self.replica.options(stream=True).generate.remote(ids, req.params, rid)
+        source = self.replica.options(stream=True).generate.remote(
+            ids,
+            req.params,
+            rid,
+            trace_context=span.carrier() if span is not None else None,
+            operation=span.operation if span is not None else TEXT_COMPLETION,
+        )
         try:
             first = await source.__anext__()
         except BaseException:
             source.cancel()
             raise
-        return Stream(rid, len(ids), first, source)
+        return Stream(rid, len(ids), first, source, span)
 
     async def abort(self, request_id: str) -> bool:
         """Stop every running request with this id, whichever ingress admitted it: each target replica

@@ -13,17 +13,22 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from dataclasses import replace
 
 import torch
 from ray import serve
 
 from deployments import replica_state, running
 from deployments.config import AppConfig
+from deployments.errors import classify
 from deployments.events import StreamEvent
+from deployments.telemetry import setup_process
 from deployments.tensor_parallel import KEEPALIVE_PERIOD_S
 from dspark.async_engine import CALL_TIMEOUT_S, AsyncEngine
 from dspark.engine import Engine
 from dspark.sampling_params import SamplingParams
+from dspark.telemetry.engine_telemetry import EngineTelemetry
+from dspark.telemetry.semconv import TEXT_COMPLETION
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +53,8 @@ class TargetReplica:
         else:
             engine = Engine(engine_config)
         self.engine = AsyncEngine(engine=engine)
+        self.telemetry = setup_process("replica", prometheus=True)
+        self._telemetry = EngineTelemetry(self.telemetry, engine, self.config.model_name, _replica_id())
         self._tau = replica_state.TauWindow()
         self._last_stats: dict = {}
         self.stats_timeout_s = CALL_TIMEOUT_S
@@ -56,10 +63,17 @@ class TargetReplica:
         self._running = running.RunningRequests()
 
     async def generate(
-        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        trace_context: dict[str, str] | None = None,
+        operation: str = TEXT_COMPLETION,
     ) -> AsyncIterator[StreamEvent]:
         """Stream one request; cancelling this call (client gone) or `abort(request_id)` aborts it and
         frees its KV blocks. `request_id` is the client's label (deployments/running.py).
+        `trace_context`: the ingress span's W3C context, which this replica's span continues;
+        `operation`: the GenAI operation the request serves (text_completion, chat).
 
         Each message costs a hop through Ray, so whatever the engine produced while the previous
         message was in flight is sent as one merged event rather than one per step.
@@ -67,13 +81,18 @@ class TargetReplica:
         self._ensure_keepalive()
         pending: asyncio.Queue = asyncio.Queue()
         engine_id = running.engine_request_id(request_id)
+        trace = self._telemetry.start(engine_id, request_id, operation, params, trace_context)
 
         async def pump() -> None:
             try:
                 async with aclosing(self.engine.generate(prompt_token_ids, params, engine_id)) as outputs:
                     async for out in outputs:
-                        pending.put_nowait(StreamEvent.of(out))
+                        event = StreamEvent.of(out)
+                        if out.finished:
+                            event = replace(event, span_attributes=trace.finished(out))
+                        pending.put_nowait(event)
             except Exception as exc:  # admission refusals, engine shutdown: re-raised to the caller below
+                trace.failed(exc, server_fault=classify(exc).http_status >= 500)
                 pending.put_nowait(exc)
 
         task = asyncio.get_running_loop().create_task(pump())
@@ -102,6 +121,7 @@ class TargetReplica:
             self._running.discard(request_id, pending)
             task.cancel()  # closes the engine stream, which aborts an unfinished request
             await asyncio.gather(task, return_exceptions=True)
+            trace.close()  # a request that left early ends its span here
 
     async def abort(self, request_id: str) -> int:
         """End every request running here under this client id (Abort fans out to every replica).
@@ -162,6 +182,9 @@ class TargetReplica:
     def __del__(self) -> None:
         # Serve first waits for in-flight requests (graceful_shutdown_timeout_s); whatever still runs
         # here is failed explicitly with EngineDeadError, which the ingress reports as 503 / UNAVAILABLE.
+        telemetry = getattr(self, "telemetry", None)
+        if telemetry is not None:
+            telemetry.shutdown()  # exports what is pending
         engine = getattr(self, "engine", None)
         if engine is None:
             return

@@ -55,7 +55,7 @@ class FakeBroadcast:
 
 class FakeReplica:
     def __init__(self, n: int = 3, abort_results: list | None = None) -> None:
-        self.n, self.sources, self.broadcasts = n, [], []
+        self.n, self.sources, self.broadcasts, self.calls = n, [], [], []
         self.abort_results = abort_results or [0, 0]
 
     def broadcast(self, method: str, *args):
@@ -73,7 +73,7 @@ class FakeReplica:
     def generate(self):
         return self
 
-    def remote(self, *args):
+    def remote(self, *args, **kwargs):
         if not args:  # model_info.remote()
 
             async def info():
@@ -86,6 +86,7 @@ class FakeReplica:
                 }
 
             return info()
+        self.calls.append((args, kwargs))
         self.sources.append(FakeSource(self.n))
         return self.sources[-1]
 

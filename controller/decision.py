@@ -69,6 +69,17 @@ class Caps:
     def from_dict(cls, data: Mapping) -> Caps:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
+    @classmethod
+    def from_budget(cls, budget: Mapping) -> Caps:
+        """The caps a replica's reported DraftBudget amounts to (a step cap of 0: drafting off)."""
+        step = budget.get("max_step_tokens")
+        return cls(
+            None if step == 0 else step,
+            budget.get("max_request_tokens"),
+            dict(budget.get("max_request_tokens_by_class") or {}),
+            drafting=step != 0,
+        )
+
     def but(self, **changes) -> Caps:
         return replace(self, **changes)
 

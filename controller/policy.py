@@ -77,6 +77,10 @@ class Policy:
     def caps(self, replica_id: str) -> Caps:
         return self._memory.get(replica_id, _Memory()).caps
 
+    def adopt(self, replica_id: str, caps: Caps) -> None:
+        """Start from the caps a replica already holds (a restarted controller rebuilds its state)."""
+        self._memory[replica_id] = _Memory(caps=caps, probe_after=self.config.probe_after)
+
     def decide(self, snapshots: Mapping[str, ReplicaTelemetry], now: float) -> list[Decision]:
         """One period: one decision per replica the controller has ever had a snapshot of."""
         self.period += 1

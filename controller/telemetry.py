@@ -68,16 +68,22 @@ class ReplicaTelemetry:
 def from_routing_stats(
     stats: Mapping, taken_at: float, rounds_in_window: int | None = None
 ) -> ReplicaTelemetry:
-    """A snapshot from a replica's `record_routing_stats` dict (with the router's fields when present).
-
-    Routing stats carry τ and the drafts verified per round over the recent window, not acceptance by
-    position: acceptance is then the geometric law that explains them (the router reads them the same
-    way, router/signals.py). `rounds_in_window` sizes the evidence when the caller knows it.
+    """A snapshot from a replica's stats: `TargetReplica.controller_snapshot` (its routing stats plus the
+    controller's own window: acceptance by position, rounds and drafts verified), or routing stats
+    alone, which carry only τ and the drafts verified per round: acceptance is then the geometric law
+    that explains them (as the router reads them). `rounds_in_window` sizes that evidence.
     """
     window = int(stats.get("draft_window") or stats.get("num_speculative_tokens") or 0)
     tau, mean_verified = float(stats.get("recent_tau", 0.0)), float(stats.get("mean_verified", 0.0))
-    alpha = fit_geometric_acceptance(tau, mean_verified)
     rounds = rounds_in_window if rounds_in_window is not None else int(stats.get("window_rounds", 0))
+    measured = tuple(float(a) for a in stats.get("acceptance_by_position") or ())
+    if measured:  # the replica's own tap (deployments/replica_control.py): acceptance slot by slot
+        acceptance, verified = measured, int(stats.get("window_verified", 0))
+        mean_verified = verified / rounds if rounds else 0.0
+    else:  # routing stats alone: the geometric law that explains their tau
+        alpha = fit_geometric_acceptance(tau, mean_verified)
+        acceptance = () if alpha is None else (alpha,) * window
+        verified = int(round(mean_verified * rounds))
     running = int(stats.get("running_requests", 0))
     classes = {
         name or "default": ClassStats(running=int(n))
@@ -91,8 +97,8 @@ def from_routing_stats(
         max_num_seqs=int(stats.get("max_num_seqs", max(1, running))),
         window=window,
         sps_table=tuple((int(b), float(r)) for b, r in stats.get("sps_table") or ()),
-        acceptance=() if alpha is None else (alpha,) * window,
-        verified_drafts=int(round(mean_verified * rounds)),
+        acceptance=acceptance,
+        verified_drafts=verified,
         verify_tokens_per_step=mean_verified * running,
         forward_slowdown=float(stats.get("forward_slowdown", 1.0)),
         classes=classes,

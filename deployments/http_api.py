@@ -15,13 +15,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 
+from deployments import controller_api, validation
 from deployments import openai_format as fmt
-from deployments import validation
 from deployments.errors import classify
 from deployments.frontend import Frontend, Stream
 from dspark.errors import InvalidRequestError
 
 app = FastAPI(title="DSpark", docs_url=None, redoc_url=None)
+app.include_router(controller_api.router)  # the cluster controller's admin surface
 HEALTH_TIMEOUT_S = 5.0
 
 

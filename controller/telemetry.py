@@ -85,8 +85,9 @@ def from_routing_stats(
         acceptance = () if alpha is None else (alpha,) * window
         verified = int(round(mean_verified * rounds))
     running = int(stats.get("running_requests", 0))
+    tpot = stats.get("tpot_by_class") or {}
     classes = {
-        name or "default": ClassStats(running=int(n))
+        name or "default": ClassStats(running=int(n), tpot_s=tpot.get(name))
         for name, n in (stats.get("running_by_class") or {}).items()
     }
     return ReplicaTelemetry(

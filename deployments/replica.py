@@ -177,6 +177,7 @@ class TargetReplica:
             "draft_window": engine.gamma,
             "adaptive_verify": engine.cost_table is not None and engine.config.scheduler in SCHEDULED_MODES,
             "sts_temperatures": replica_control.sts_temperatures(engine),
+            "running_by_class": replica_control.running_by_class(engine),
         }
 
     async def apply_caps(self, budgets: dict[str, dict]) -> dict | None:

@@ -233,3 +233,37 @@ def test_replicas_that_leave_are_forgotten():
 def test_period_outside_one_to_ten_seconds_is_refused():
     with pytest.raises(ValueError, match="period_s"):
         PolicyConfig(period_s=0.5)
+
+
+def test_snapshots_read_from_replica_stats():
+    from controller.telemetry import from_routing_stats
+
+    base = {
+        "replica_id": "x",
+        "running_requests": 3,
+        "queued_requests": 1,
+        "max_num_seqs": 8,
+        "draft_window": 4,
+    }
+    tapped = from_routing_stats(
+        {
+            **base,
+            "acceptance_by_position": [0.9, 0.8],
+            "window_rounds": 10,
+            "window_verified": 30,
+            "running_by_class": {"chat": 2, "": 1},
+            "tpot_by_class": {"chat": 0.05},
+            "draft_budget": {"max_step_tokens": 6},
+        },
+        taken_at=5.0,
+    )
+    assert tapped.acceptance == (0.9, 0.8) and tapped.verified_drafts == 30 and tapped.load == 4
+    assert tapped.verify_tokens_per_step == 3 * 3.0
+    assert tapped.classes["chat"] == ClassStats(running=2, tpot_s=0.05)
+    assert tapped.classes["default"] == ClassStats(running=1)
+    # Routing stats alone: the geometric acceptance that explains their tau.
+    routed = from_routing_stats(
+        {**base, "recent_tau": 2.0, "mean_verified": 2.0}, taken_at=5.0, rounds_in_window=50
+    )
+    assert routed.acceptance == pytest.approx((0.618,) * 4, abs=1e-3) and routed.verified_drafts == 100
+    assert from_routing_stats(base, taken_at=0.0).acceptance == ()

@@ -39,7 +39,20 @@ def test_the_tap_counts_acceptance_by_position_and_samples_rounds(stack):
     assert len(reading["rounds_sample"]) == len(drafted)
     for survival, _accepted, temperature in reading["rounds_sample"]:
         assert all(b <= a + 1e-6 for a, b in zip(survival, survival[1:])) and temperature == 0.0
+    assert set(reading["tpot_by_class"]) == {""} and reading["tpot_by_class"][""] > 0
     assert tap.read()["window_rounds"] == 0  # each read starts a fresh window
+
+
+def test_the_tap_times_output_tokens_per_sla_class(stack):
+    llm = LLM(str(stack), drafter="dspark", scheduler="fixed", **OPTIONS)
+    ticks = iter(range(10_000))
+    tap = RoundTap(llm.engine.gamma, clock=lambda: float(next(ticks)))  # one second per round observed
+    llm.engine.round_observers.append(tap.observe)
+    chat = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, sla_class="chat")
+    llm.generate(PROMPTS[:2], [chat, GREEDY])
+    tpot = tap.read()["tpot_by_class"]
+    # Two requests share every step: a request waits at most two ticks per round for 1 + accepted tokens.
+    assert set(tpot) == {"chat", ""} and all(0 < t <= 2.0 for t in tpot.values())
 
 
 def test_sts_pushed_live_changes_confidences_not_output(stack, expected):

@@ -12,6 +12,7 @@ Each call forwards the bearer token to the Controller, which checks it against i
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from fastapi import APIRouter, Request
@@ -22,6 +23,12 @@ from deployments.errors import NotFoundError, classify
 from dspark.errors import InvalidRequestError
 
 router = APIRouter(prefix="/admin/controller")
+ADMIN_TIMEOUT_S = 10.0  # a controller restarting answers 504 instead of holding the operator's call
+
+
+async def _ask(method: str, *args):
+    handle = _controller()
+    return await asyncio.wait_for(getattr(handle, method).remote(*args), ADMIN_TIMEOUT_S)
 
 
 def _controller():
@@ -59,7 +66,7 @@ async def _json(request: Request) -> dict:
 @router.get("/state")
 async def state(request: Request) -> Response:
     try:
-        return JSONResponse(await _controller().admin_state.remote(_token(request)))
+        return JSONResponse(await _ask("admin_state", _token(request)))
     except Exception as exc:
         return _error(exc)
 
@@ -67,7 +74,7 @@ async def state(request: Request) -> Response:
 @router.get("/decisions")
 async def decisions(request: Request, limit: int = 100) -> Response:
     try:
-        return JSONResponse(await _controller().admin_decisions.remote(_token(request), limit))
+        return JSONResponse(await _ask("admin_decisions", _token(request), limit))
     except Exception as exc:
         return _error(exc)
 
@@ -81,7 +88,7 @@ async def pin(request: Request) -> Response:
             raise InvalidRequestError("replica_id", "must be a string")
         if not isinstance(caps, dict):
             raise InvalidRequestError("caps", "must be an object")
-        return JSONResponse(await _controller().admin_pin.remote(_token(request), replica_id, caps))
+        return JSONResponse(await _ask("admin_pin", _token(request), replica_id, caps))
     except Exception as exc:
         return _error(exc)
 
@@ -89,7 +96,7 @@ async def pin(request: Request) -> Response:
 @router.delete("/pin/{replica_id}")
 async def unpin(request: Request, replica_id: str) -> Response:
     try:
-        return JSONResponse({"unpinned": await _controller().admin_unpin.remote(_token(request), replica_id)})
+        return JSONResponse({"unpinned": await _ask("admin_unpin", _token(request), replica_id)})
     except Exception as exc:
         return _error(exc)
 
@@ -100,6 +107,6 @@ async def pause(request: Request) -> Response:
         paused = (await _json(request)).get("paused")
         if not isinstance(paused, bool):
             raise InvalidRequestError("paused", "must be true or false")
-        return JSONResponse({"paused": await _controller().admin_pause.remote(_token(request), paused)})
+        return JSONResponse({"paused": await _ask("admin_pause", _token(request), paused)})
     except Exception as exc:
         return _error(exc)

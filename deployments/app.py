@@ -16,6 +16,7 @@ from ray.serve import Application
 
 from deployments import sglang_args
 from deployments.config import AppConfig
+from deployments.controller import Controller
 from deployments.ingress import Ingress
 from deployments.replica import TargetReplica
 from deployments.sglang_replica import SGLangReplica
@@ -59,13 +60,15 @@ def build_app(args: dict | AppConfig) -> Application:
         request_router_config={"request_routing_stats_period_s": config.routing_stats_period_s},
         **placement,
     ).bind(data)
+    # The cluster controller, one replica beside the targets; the ingress serves its admin routes.
+    controller = None if config.controller is None else Controller.bind(replica, data)
     return Ingress.options(
         **_replica_count(config.num_ingress_replicas, config.ingress_autoscaling_config),
         # Streams wait on the replicas, not on this process: let each hold every replica's requests.
         max_ongoing_requests=per_replica * config.max_replicas + 16,
         max_queued_requests=config.max_queued_requests,
         ray_actor_options={"num_cpus": config.ingress_num_cpus, **runtime_env},
-    ).bind(replica, data)
+    ).bind(replica, data, controller)
 
 
 def _builtin_placement(config: AppConfig) -> dict:

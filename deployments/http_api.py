@@ -15,8 +15,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 
+from deployments import controller_api, validation
 from deployments import openai_format as fmt
-from deployments import validation
 from deployments.errors import classify
 from deployments.frontend import Frontend, Stream, fail_span
 from dspark.errors import InvalidRequestError
@@ -26,6 +26,7 @@ from dspark.telemetry import semconv
 # HTTP request its server span and http.server.* metrics; the request's GenAI span is that span's child.
 # Its per-function operation spans (dependencies, endpoint, serialization) are noise here: off.
 app = FastAPI(title="DSpark", docs_url=None, redoc_url=None, telemetry={"operation_spans": False})
+app.include_router(controller_api.router)  # the cluster controller's admin surface
 HEALTH_TIMEOUT_S = 5.0
 
 

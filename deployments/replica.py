@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import replace
@@ -18,7 +19,7 @@ from dataclasses import replace
 import torch
 from ray import serve
 
-from deployments import replica_state, running
+from deployments import replica_control, replica_state, running
 from deployments.config import AppConfig
 from deployments.errors import classify
 from deployments.events import StreamEvent
@@ -29,6 +30,7 @@ from dspark.engine import Engine
 from dspark.sampling_params import SamplingParams
 from dspark.telemetry.engine_telemetry import EngineTelemetry
 from dspark.telemetry.semconv import TEXT_COMPLETION
+from dspark.verify_policy import SCHEDULED_MODES
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,9 @@ class TargetReplica:
             )
         else:
             engine = Engine(engine_config)
+        # The cluster controller's own window on acceptance (deployments/replica_control.py).
+        self._tap = replica_control.RoundTap(engine.gamma)
+        engine.round_observers.append(self._tap.observe)
         self.engine = AsyncEngine(engine=engine)
         self.telemetry = setup_process("replica", prometheus=True)
         self._telemetry = EngineTelemetry(self.telemetry, engine, self.config.model_name, _replica_id())
@@ -173,6 +178,47 @@ class TargetReplica:
     async def set_draft_budget(self, budget: dict) -> dict:
         """Admin: change the draft budget while requests run; returns the budget in force."""
         return await self.engine.call_async(replica_state.set_draft_budget, budget)
+
+    # ---- the cluster controller's surface (deployments/controller.py) ----------------------------------
+    # Caps arrive by Serve's broadcast, which reaches every replica: each takes its own entry, and a
+    # replica the controller says nothing about (or a controller that is down) keeps the caps it has.
+
+    async def controller_snapshot(self) -> dict:
+        """The engine's state and the controller's window since its previous reading."""
+        reading = await self.engine.call_async(self._controller_reading)
+        healthy = self.engine.is_healthy(self.config.stuck_after_s)
+        return {**reading, "replica_id": _replica_id(), "healthy": healthy, "ts": time.time()}
+
+    def _controller_reading(self, engine: Engine) -> dict:
+        snap = replica_state.snapshot(engine)
+        return {
+            **snap,
+            **self._tap.read(),
+            "draft_window": engine.gamma,
+            "adaptive_verify": engine.cost_table is not None and engine.config.scheduler in SCHEDULED_MODES,
+            "sts_temperatures": replica_control.sts_temperatures(engine),
+            "running_by_class": replica_control.running_by_class(engine),
+        }
+
+    async def apply_caps(self, budgets: dict[str, dict]) -> dict | None:
+        """Set this replica's draft budget if `budgets` (replica id -> budget) names it."""
+        rid = _replica_id()
+        if rid not in budgets:
+            return None
+        return {"replica_id": rid, "draft_budget": await self.set_draft_budget(budgets[rid])}
+
+    async def set_sts_temperatures(self, temperatures: dict) -> dict:
+        """Replace the drafter's STS temperatures (serving temperature -> T_1..T_γ); lossless."""
+        temps = {float(t): [float(x) for x in v] for t, v in temperatures.items()}
+        return await self.engine.call_async(replica_control.set_sts_temperatures, temps)
+
+    async def rescale_cost_table(self, slowdowns: dict[str, float]) -> dict | None:
+        """Rescale this replica's cost table if `slowdowns` (replica id -> factor) names it."""
+        rid = _replica_id()
+        if rid not in slowdowns:
+            return None
+        table = await self.engine.call_async(replica_control.rescale_cost_table, slowdowns[rid])
+        return {"replica_id": rid, "sps_table": table}
 
     def check_health(self) -> None:
         problem = self.engine.health_problem(self.config.stuck_after_s)

@@ -36,6 +36,7 @@ bench: models
 	$(PY) bench/route_decision.py
 	$(PY) bench/route_stats_cost.py --model $(MODELS)/target
 	$(PY) bench/route.py --models $(MODELS)
+	$(PY) bench/telemetry.py --model $(MODELS)/target
 
 # The main job: an embedded local Ray serving the demo stack (OpenAI HTTP :8000, gRPC :9000);
 # builds the models first if they are absent. Ctrl-C shuts it down.

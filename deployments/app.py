@@ -16,6 +16,7 @@ from ray.serve import Application
 
 from deployments import sglang_args
 from deployments.config import AppConfig
+from deployments.controller import Controller
 from deployments.ingress import Ingress
 from deployments.replica import TargetReplica
 from deployments.sglang_replica import SGLangReplica
@@ -42,6 +43,13 @@ def build_app(args: dict | AppConfig) -> Application:
         replica_class, placement = _sglang_replica(config)
     else:
         replica_class, placement = TargetReplica, _builtin_placement(config)
+    # The app's telemetry settings reach every replica process as OTEL_* variables.
+    env = config.telemetry.env_vars()
+    runtime_env = {"runtime_env": {"env_vars": env}} if env else {}
+    if env:
+        actor = placement["ray_actor_options"]
+        own = actor.get("runtime_env", {})
+        actor["runtime_env"] = {**own, "env_vars": {**env, **own.get("env_vars", {})}}
     data = config.model_dump()
     # What only the ingress and the router read stays out of the replicas' arguments: changing the router
     # or the SLA classes restarts the ingress (cheap), never the replicas (their models stay loaded).
@@ -56,13 +64,15 @@ def build_app(args: dict | AppConfig) -> Application:
         request_router_config=config.request_router_config(),
         **placement,
     ).bind(replica_data)
+    # The cluster controller, one replica beside the targets; the ingress serves its admin routes.
+    controller = None if config.controller is None else Controller.bind(replica, data)
     return Ingress.options(
         **_replica_count(config.num_ingress_replicas, config.ingress_autoscaling_config),
         # Streams wait on the replicas, not on this process: let each hold every replica's requests.
         max_ongoing_requests=per_replica * config.max_replicas + 16,
         max_queued_requests=config.max_queued_requests,
-        ray_actor_options={"num_cpus": config.ingress_num_cpus},
-    ).bind(replica, data)
+        ray_actor_options={"num_cpus": config.ingress_num_cpus, **runtime_env},
+    ).bind(replica, data, controller)
 
 
 def _builtin_placement(config: AppConfig) -> dict:

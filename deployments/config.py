@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ray.serve.config import AutoscalingConfig
 
 from deployments.sglang_args import SGLangOptions
+from deployments.telemetry import TelemetryConfig
 from dspark.config import EngineConfig
 from router.policy import PolicyConfig
 from router.sla import DEFAULT_CLASS, DEFAULT_CLASSES, SlaClass
@@ -20,6 +21,35 @@ ROUTERS = {
     "pow2": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter",  # Serve's default
     "round_robin": "ray.serve.experimental.round_robin_router:RoundRobinRouter",
 }
+
+
+class ControllerSettings(BaseModel):
+    """The cluster controller (deployments/controller.py): one deployment beside the replicas."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    period_s: float = Field(2.0, ge=1.0, le=10.0, description="how often it reads replicas and decides")
+    # PolicyConfig fields (controller/policy.py) over its defaults: slack, confirm_windows, limits,
+    # min_evidence, collapse_acceptance, probe_after, sla_classes {name: {tpot_s, interactive}}, ...
+    policy: dict = Field(default_factory=dict)
+    admin_tokens: list[str] = Field(default_factory=list, description="bearer tokens of the admin surface")
+    record_path: str | None = Field(None, description="append what it sees and decides here (JSONL)")
+    recalibrate: bool = Field(True, description="refit STS temperatures and rescale drifting cost tables")
+    sts_threshold: float = Field(0.05, gt=0, lt=1, description="pooled ECE past which STS is refitted")
+    sts_min_rounds: int = Field(200, ge=1)
+
+    @model_validator(mode="after")
+    def _policy_fields(self) -> ControllerSettings:
+        self.policy_config()  # PolicyConfig names a wrong field or value
+        return self
+
+    def policy_config(self):
+        from controller.record import config_from_dict
+
+        try:
+            return config_from_dict({**self.policy, "period_s": self.period_s})
+        except TypeError as exc:
+            raise ValueError(f"policy: {exc}") from None
 
 
 class AppConfig(BaseModel):
@@ -85,6 +115,10 @@ class AppConfig(BaseModel):
     # router/policy.py PolicyConfig fields (tie_margin, stale_after_s, min_retry_s, max_retry_s), plus
     # prior_acceptance (drafter acceptance assumed before a replica has verified drafts) and seed.
     router_options: dict = Field(default_factory=dict)
+    # OpenTelemetry for every process of the app, as OTEL_* variables of the deployments' runtime_env
+    # (deployments/telemetry.py); unset fields leave whatever the environment says.
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    controller: ControllerSettings | None = Field(None, description="the cluster controller; None: none")
 
     @field_validator("autoscaling_config", "ingress_autoscaling_config")
     @classmethod

@@ -6,6 +6,7 @@ events that pile up while the consumer is busy travel merged (`then`), one messa
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from dspark.outputs import RequestOutput, SpeculationStats
@@ -22,6 +23,9 @@ class StreamEvent:
     completion_tokens: int
     speculation: SpeculationStats
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (OpenAI's cached_tokens)
+    # On the last event of a traced request: the replica span's speculation attributes (dspark.*), which
+    # the ingress copies onto its own span.
+    span_attributes: Mapping | None = None
 
     @staticmethod
     def of(out: RequestOutput) -> StreamEvent:

@@ -10,11 +10,15 @@ request_id reused across ingresses runs twice, harmlessly, rather than colliding
 tokenization of bodies up to max_request_bytes run on a small thread pool, never on the event loop
 that carries every other stream of this ingress.
 
+Each request is a span (dspark/telemetry/spans.py): the surface starts it within the client's trace,
+`open` hands its context to the replica, and the stream ends it with the usage and the replica's
+speculation attributes of the last event.
+
 Each request carries its routing inputs to the SLA router (router/serve_router.py), which runs in this
 process: its prompt length, max_tokens and SLA class (router/sla.py), as the `route` keyword of the
 replica call. The router's decision for it (scores per replica, the pick or the refusal) is collected
 once the first event or the refusal arrives: logged (debug) with the request id and kept on the Stream
-as `route`, the record a trace span attaches.
+as `route`, and recorded as the `dspark.route` event of the request's span (router/decisions.py).
 """
 
 from __future__ import annotations
@@ -30,12 +34,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from jinja2 import TemplateError
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
 from deployments.config import AppConfig
-from deployments.errors import UnauthorizedError
+from deployments.errors import UnauthorizedError, classify, unwrap
 from deployments.events import StreamEvent
+from deployments.telemetry import setup_process
 from deployments.validation import GenerationRequest, Limits
 from dspark.errors import InvalidRequestError
+from dspark.telemetry.semconv import TEXT_COMPLETION
+from dspark.telemetry.spans import RequestSpan
 from router import decisions
 from router.policy import Newcomer
 from router.sla import classes_of, resolve
@@ -60,22 +69,37 @@ class Stream:
     prompt_tokens: int
     first: StreamEvent
     _source: object  # DeploymentResponseGenerator
+    span: RequestSpan | None = None
     route: dict | None = None  # the SLA router's decision (router/policy.py Decision.to_dict)
 
     async def events(self) -> AsyncIterator[StreamEvent]:
-        finished = self.first.finished
+        last = self.first
         try:
             yield self.first
-            while not finished:
+            while not last.finished:
                 try:
                     event = await self._source.__anext__()
                 except StopAsyncIteration:
                     return
-                finished = event.finished
+                last = event
                 yield event
+        except Exception as exc:
+            fail_span(self.span, exc)
+            raise
         finally:
-            if not finished:
+            if not last.finished:
                 self._source.cancel()  # the client left: the replica aborts and frees the KV blocks
+            if self.span is not None and last.finished:
+                span_attrs = last.span_attributes
+                self.span.finish(last.finish_reason, last.prompt_tokens, last.completion_tokens, span_attrs)
+            elif self.span is not None:
+                self.span.end()
+
+
+def fail_span(span: RequestSpan | None, exc: BaseException) -> None:
+    """Record a failed request on its span: the replica's error type; an error status for 5xx only."""
+    if span is not None:
+        span.fail(unwrap(exc), server_fault=classify(exc).http_status >= 500)
 
 
 class Frontend:
@@ -92,6 +116,7 @@ class Frontend:
         self.tokenizer = AutoTokenizer.from_pretrained(config.engine_config().model, trust_remote_code=False)
         self._tokenize_pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="tokenize")
         self._info: dict | None = None
+        self.telemetry = setup_process("ingress")
 
     async def model_info(self) -> dict:
         """The engine's own view (context length, drafter), fetched from a replica once."""
@@ -107,10 +132,25 @@ class Frontend:
         if not any(hmac.compare_digest(token, key) for key in self.api_keys):
             raise UnauthorizedError("missing or invalid bearer token")
 
-    async def open(self, req: GenerationRequest, headers: Mapping[str, str] | None = None) -> Stream:
+    def request_span(self, operation: str, carrier: Mapping[str, str] | None) -> RequestSpan:
+        """A new request's span. Over HTTP, FastAPI's server span (which continued the client's
+        `traceparent`) is current and ours becomes its child; over gRPC nothing is, and ours is the
+        server span, continuing the context in `carrier` (the call's metadata)."""
+        if trace.get_current_span().get_span_context().is_valid:
+            return RequestSpan(self.telemetry.tracer, operation, self.model_name, None, SpanKind.INTERNAL)
+        return RequestSpan(self.telemetry.tracer, operation, self.model_name, carrier, SpanKind.SERVER)
+
+    async def open(
+        self,
+        req: GenerationRequest,
+        span: RequestSpan | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Stream:
         """Validate against the model, then admit the request on a replica and await its first event.
 
         `headers`: the HTTP headers or gRPC metadata (lower-case names), for the SLA headers."""
+        if span is not None:
+            span.set_request(req.params, req.model)
         if req.model is not None and req.model != self.model_name:
             raise InvalidRequestError(
                 "model", f"unknown model {req.model!r}; this server serves {self.model_name!r}"
@@ -122,14 +162,21 @@ class Frontend:
         ids = await loop.run_in_executor(self._tokenize_pool, self.prompt_ids, req, info)
         rid = req.request_id or uuid.uuid4().hex
         route = Newcomer(len(ids), params.max_tokens, sla, key=uuid.uuid4().hex[:12])
-        source = self.replica.options(stream=True).generate.remote(ids, params, rid, route=route)
+        source = self.replica.options(stream=True).generate.remote(
+            ids,
+            params,
+            rid,
+            route=route,
+            trace_context=span.carrier() if span is not None else None,
+            operation=span.operation if span is not None else TEXT_COMPLETION,
+        )
         try:
             first = await source.__anext__()
         except BaseException:
             source.cancel()
-            collect_decision(rid, route)
+            collect_decision(rid, route, span)
             raise
-        return Stream(rid, len(ids), first, source, collect_decision(rid, route))
+        return Stream(rid, len(ids), first, source, span, collect_decision(rid, route, span))
 
     async def abort(self, request_id: str) -> bool:
         """Stop every running request with this id, whichever ingress admitted it: each target replica
@@ -179,9 +226,12 @@ class Frontend:
         return self.tokenizer.encode(req.prompt, add_special_tokens=False)
 
 
-def collect_decision(request_id: str, route: Newcomer) -> dict | None:
-    """The SLA router's decision for this request, logged with its id (None under Serve's routers)."""
+def collect_decision(request_id: str, route: Newcomer, span: RequestSpan | None = None) -> dict | None:
+    """The SLA router's decision for this request (None under Serve's routers): logged with its id and
+    recorded as the `dspark.route` event of the request's span, the scores of every replica included."""
     decision = decisions.pop(route.key)
     if decision is not None:
         log.debug("route %s: %s", request_id, json.dumps(decision, separators=(",", ":")))
+        if span is not None:
+            span.add_event(decisions.EVENT, decisions.event_attributes(decision))
     return decision

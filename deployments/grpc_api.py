@@ -18,7 +18,9 @@ from ray import serve
 from deployments import replicas, validation
 from deployments.errors import NotFoundError, classify
 from deployments.events import StreamEvent
+from deployments.frontend import fail_span
 from dspark.errors import InvalidRequestError
+from dspark.telemetry import semconv
 from dspark_client.proto import SERVICE_NAME, pb
 
 TARGET_DEPLOYMENT = "TargetReplica"
@@ -64,11 +66,18 @@ class GrpcService:
     """Mixed into the Ingress deployment, which provides the Frontend methods used here."""
 
     async def Generate(self, request: pb.GenerateRequest, grpc_context) -> AsyncIterator[pb.GenerateResponse]:
+        metadata = _metadata(grpc_context)
+        # The client's trace context arrives as gRPC metadata (traceparent), which Serve's proxy passes on.
+        span = self.request_span(semconv.TEXT_COMPLETION, metadata)
         try:
-            metadata = _metadata(grpc_context)
             self.authorize(metadata.get("authorization"))
-            stream = await self.open(validation.grpc_request(request, self.limits), metadata)
-            rid = stream.request_id
+            stream = await self.open(validation.grpc_request(request, self.limits), span, metadata)
+        except Exception as exc:
+            fail_span(span, exc)
+            raise _fail(grpc_context, exc) from None
+        rid = stream.request_id
+        span.set({semconv.GEN_AI_RESPONSE_ID: rid, semconv.GEN_AI_REQUEST_STREAM: True})
+        try:  # from here the stream ends its span, however it ends
             async with aclosing(stream.events()) as events:
                 async for event in events:
                     if event.text or event.token_ids:

@@ -15,13 +15,18 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 
+from deployments import controller_api, validation
 from deployments import openai_format as fmt
-from deployments import validation
 from deployments.errors import classify
-from deployments.frontend import Frontend, Stream
+from deployments.frontend import Frontend, Stream, fail_span
 from dspark.errors import InvalidRequestError
+from dspark.telemetry import semconv
 
-app = FastAPI(title="DSpark", docs_url=None, redoc_url=None)
+# FastAPI's own OpenTelemetry (on the process's global providers, dspark/telemetry/setup.py) gives every
+# HTTP request its server span and http.server.* metrics; the request's GenAI span is that span's child.
+# Its per-function operation spans (dependencies, endpoint, serialization) are noise here: off.
+app = FastAPI(title="DSpark", docs_url=None, redoc_url=None, telemetry={"operation_spans": False})
+app.include_router(controller_api.router)  # the cluster controller's admin surface
 HEALTH_TIMEOUT_S = 5.0
 
 
@@ -85,6 +90,8 @@ async def chat_completions(request: Request) -> Response:
 
 async def _generate(request: Request, chat: bool) -> Response:
     frontend = _frontend()
+    # The client's W3C trace context (traceparent) is continued; failures before the stream count too.
+    span = frontend.request_span(semconv.CHAT if chat else semconv.TEXT_COMPLETION, request.headers)
     try:
         frontend.authorize(request.headers.get("authorization"))
         body = validation.parse_json_body(
@@ -92,10 +99,12 @@ async def _generate(request: Request, chat: bool) -> Response:
         )
         parse = validation.chat_request if chat else validation.completion_request
         req = parse(body, frontend.limits)
-        stream = await frontend.open(req, request.headers)
+        stream = await frontend.open(req, span, request.headers)
     except Exception as exc:
+        fail_span(span, exc)
         return _error(exc)
     rid = ("chatcmpl-" if chat else "cmpl-") + stream.request_id
+    span.set({semconv.GEN_AI_RESPONSE_ID: rid, semconv.GEN_AI_REQUEST_STREAM: req.stream})
     if req.stream:
         return StreamingResponse(
             _sse(stream, rid, frontend, chat, req.include_usage),

@@ -18,5 +18,6 @@ from deployments.http_api import app as http_app
 @serve.deployment(name="Ingress")
 @serve.ingress(http_app)
 class Ingress(Frontend, GrpcService):
-    def __init__(self, replica, config: dict) -> None:
+    def __init__(self, replica, config: dict, controller=None) -> None:
         super().__init__(replica, AppConfig(**config))
+        self.controller = controller  # the Controller's handle, for its admin routes (or None)

@@ -11,19 +11,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from dataclasses import replace
 
 import torch
 from ray import serve
 
-from deployments import replica_state, running
+from deployments import replica_control, replica_state, running
 from deployments.config import AppConfig
+from deployments.errors import classify
 from deployments.events import StreamEvent
+from deployments.telemetry import setup_process
 from deployments.tensor_parallel import KEEPALIVE_PERIOD_S
 from dspark.async_engine import CALL_TIMEOUT_S, AsyncEngine
 from dspark.engine import Engine
 from dspark.sampling_params import SamplingParams
+from dspark.telemetry.engine_telemetry import EngineTelemetry
+from dspark.telemetry.semconv import TEXT_COMPLETION
+from dspark.verify_policy import SCHEDULED_MODES
 from router.policy import Newcomer
 
 log = logging.getLogger(__name__)
@@ -48,10 +55,15 @@ class TargetReplica:
             )
         else:
             engine = Engine(engine_config)
+        # The cluster controller's own window on acceptance (deployments/replica_control.py).
+        self._tap = replica_control.RoundTap(engine.gamma)
+        engine.round_observers.append(self._tap.observe)
         # The SLA router predicts speed from SPS(B): profiled now (or read from the cache), before any
         # request holds the KV cache, if the engine schedules without a table of its own.
         self._routing_table = replica_state.routing_cost_table(engine)
         self.engine = AsyncEngine(engine=engine)
+        self.telemetry = setup_process("replica", prometheus=True)
+        self._telemetry = EngineTelemetry(self.telemetry, engine, self.config.model_name, _replica_id())
         self._recent = replica_state.RecentRounds()
         self._last_stats: dict = {}
         self.stats_timeout_s = CALL_TIMEOUT_S
@@ -65,9 +77,13 @@ class TargetReplica:
         params: SamplingParams,
         request_id: str,
         route: Newcomer | None = None,
+        trace_context: dict[str, str] | None = None,
+        operation: str = TEXT_COMPLETION,
     ) -> AsyncIterator[StreamEvent]:
         """Stream one request; cancelling this call (client gone) or `abort(request_id)` aborts it and
         frees its KV blocks. `request_id` is the client's label (deployments/running.py).
+        `trace_context`: the ingress span's W3C context, which this replica's span continues;
+        `operation`: the GenAI operation the request serves (text_completion, chat).
 
         `route` is what the SLA router read to place the request (router/serve_router.py); the call
         carries it so Serve shows it to the router, and the replica has no use for it.
@@ -78,13 +94,18 @@ class TargetReplica:
         self._ensure_keepalive()
         pending: asyncio.Queue = asyncio.Queue()
         engine_id = running.engine_request_id(request_id, route.key if route is not None else None)
+        trace = self._telemetry.start(engine_id, request_id, operation, params, trace_context)
 
         async def pump() -> None:
             try:
                 async with aclosing(self.engine.generate(prompt_token_ids, params, engine_id)) as outputs:
                     async for out in outputs:
-                        pending.put_nowait(StreamEvent.of(out))
+                        event = StreamEvent.of(out)
+                        if out.finished:
+                            event = replace(event, span_attributes=trace.finished(out))
+                        pending.put_nowait(event)
             except Exception as exc:  # admission refusals, engine shutdown: re-raised to the caller below
+                trace.failed(exc, server_fault=classify(exc).http_status >= 500)
                 pending.put_nowait(exc)
 
         task = asyncio.get_running_loop().create_task(pump())
@@ -113,6 +134,7 @@ class TargetReplica:
             self._running.discard(request_id, pending)
             task.cancel()  # closes the engine stream, which aborts an unfinished request
             await asyncio.gather(task, return_exceptions=True)
+            trace.close()  # a request that left early ends its span here
 
     async def abort(self, request_id: str) -> int:
         """End every request running here under this client id (Abort fans out to every replica).
@@ -166,6 +188,47 @@ class TargetReplica:
         """Admin: change the draft budget while requests run; returns the budget in force."""
         return await self.engine.call_async(replica_state.set_draft_budget, budget)
 
+    # ---- the cluster controller's surface (deployments/controller.py) ----------------------------------
+    # Caps arrive by Serve's broadcast, which reaches every replica: each takes its own entry, and a
+    # replica the controller says nothing about (or a controller that is down) keeps the caps it has.
+
+    async def controller_snapshot(self) -> dict:
+        """The engine's state and the controller's window since its previous reading."""
+        reading = await self.engine.call_async(self._controller_reading)
+        healthy = self.engine.is_healthy(self.config.stuck_after_s)
+        return {**reading, "replica_id": _replica_id(), "healthy": healthy, "ts": time.time()}
+
+    def _controller_reading(self, engine: Engine) -> dict:
+        snap = replica_state.snapshot(engine)
+        return {
+            **snap,
+            **self._tap.read(),
+            "draft_window": engine.gamma,
+            "adaptive_verify": engine.cost_table is not None and engine.config.scheduler in SCHEDULED_MODES,
+            "sts_temperatures": replica_control.sts_temperatures(engine),
+            "running_by_class": replica_control.running_by_class(engine),
+        }
+
+    async def apply_caps(self, budgets: dict[str, dict]) -> dict | None:
+        """Set this replica's draft budget if `budgets` (replica id -> budget) names it."""
+        rid = _replica_id()
+        if rid not in budgets:
+            return None
+        return {"replica_id": rid, "draft_budget": await self.set_draft_budget(budgets[rid])}
+
+    async def set_sts_temperatures(self, temperatures: dict) -> dict:
+        """Replace the drafter's STS temperatures (serving temperature -> T_1..T_γ); lossless."""
+        temps = {float(t): [float(x) for x in v] for t, v in temperatures.items()}
+        return await self.engine.call_async(replica_control.set_sts_temperatures, temps)
+
+    async def rescale_cost_table(self, slowdowns: dict[str, float]) -> dict | None:
+        """Rescale this replica's cost table if `slowdowns` (replica id -> factor) names it."""
+        rid = _replica_id()
+        if rid not in slowdowns:
+            return None
+        table = await self.engine.call_async(replica_control.rescale_cost_table, slowdowns[rid])
+        return {"replica_id": rid, "sps_table": table}
+
     def check_health(self) -> None:
         problem = self.engine.health_problem(self.config.stuck_after_s)
         if problem is not None:
@@ -174,6 +237,9 @@ class TargetReplica:
     def __del__(self) -> None:
         # Serve first waits for in-flight requests (graceful_shutdown_timeout_s); whatever still runs
         # here is failed explicitly with EngineDeadError, which the ingress reports as 503 / UNAVAILABLE.
+        telemetry = getattr(self, "telemetry", None)
+        if telemetry is not None:
+            telemetry.shutdown()  # exports what is pending
         engine = getattr(self, "engine", None)
         if engine is None:
             return

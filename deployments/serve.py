@@ -2,9 +2,10 @@
 
     python -m deployments.serve --config configs/local.yaml [--demo]
 
-Builds the demo models first when the config points at a missing `models/...` checkpoint, prints how
-to call the service, and shuts Serve and Ray down cleanly on Ctrl-C. `--demo` runs the demo client
-session (deployments/demo.py) once the stack is up, then exits.
+Builds the demo models first when the config points at a missing `models/...` checkpoint, says where
+traces and metrics go (the OTEL_* environment it starts in reaches every Ray process; an app's
+`telemetry:` block wins), prints how to call the service, and shuts Serve and Ray down cleanly on
+Ctrl-C. `--demo` runs the demo client session (deployments/demo.py) once the stack is up, then exits.
 """
 
 from __future__ import annotations
@@ -63,6 +64,19 @@ def check_drafters(apps: list[dict]) -> None:
             engine.pop("drafter_model", None)
 
 
+def describe_telemetry(apps: list[dict]) -> None:
+    """Say where each app's traces and metrics go; fail now on a bad OTEL_* value, not in a replica."""
+    from deployments.config import AppConfig
+    from deployments.telemetry import describe
+
+    for app in apps:
+        try:
+            line = describe(os.environ, AppConfig(**app["args"]).telemetry)
+        except ValueError as e:
+            raise SystemExit(f"[serve] {e}") from None
+        print(f"[serve] {app['name']}: {line}", flush=True)
+
+
 def check_resources(apps: list[dict], cpus: float) -> None:
     """Fail now, not after minutes of 'waiting to be scheduled', when the config asks for more CPUs."""
     from deployments.config import AppConfig
@@ -109,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     apps = config["applications"]
     ensure_models(apps)
     check_drafters(apps)
+    describe_telemetry(apps)
 
     import ray
     from ray import serve

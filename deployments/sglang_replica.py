@@ -13,8 +13,8 @@ replica's event loop: the Engine's synchronous helpers run their own loop and wo
 Telemetry: each request runs in a span of ours, "{operation} {model}" (GenAI naming), the child of the
 caller's span when the ingress passes its W3C context (`trace_context`); its own context goes to SGLang as
 `external_trace_header`, so SGLang's spans (exported to the same OTLP endpoint, sglang_args.py) join the
-trace. The spans use the OpenTelemetry API only: until a tracer provider is installed in this process,
-they cost nothing and go nowhere.
+trace. The spans use the OpenTelemetry API; the replica installs this process's providers from the
+OTEL_* environment (deployments/telemetry.py), so with no endpoint set they cost nothing and go nowhere.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from deployments.replica_state import TauWindow
 from deployments.sglang_args import translate
 from deployments.sglang_artifacts import is_profiled_sps_table, read_sps_points
 from deployments.sglang_events import ChunkReader, sampling_params
+from deployments.telemetry import setup_process
 from dspark.async_engine import CALL_TIMEOUT_S
 from dspark.draft_budget import DraftBudget
 from dspark.errors import InvalidRequestError
@@ -53,6 +54,7 @@ TEXT_COMPLETION = "text_completion"  # gen_ai.operation.name of /v1/completions 
 class SGLangReplica:
     def __init__(self, config: dict) -> None:
         self.config = AppConfig(**config)
+        self.telemetry = setup_process("replica")  # the global provider the spans below go to
         self.launch = translate(self.config, os.environ)
         os.environ.update(self.launch.env)  # SGLang reads them here and in its child processes
         module, _, name = self.launch.engine_class.partition(":")

@@ -50,6 +50,7 @@ class CostTable:
         if len(rates) != len(points) or not all(r > 0 and math.isfinite(r) for r in rates):
             raise ValueError("need one positive finite rate per point")
         self.points, self.rates, self.max_tokens = list(points), [float(r) for r in rates], max_tokens
+        self.profiled = list(self.rates)  # as given (profiled or cached); `rates` then follow observations
         self.source = source  # "profiled", "cache" or "given": where the table came from
         self.path: Path | None = None  # its cache file, when it has one
         self.observations = 0

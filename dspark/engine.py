@@ -30,14 +30,14 @@ from dspark.drafter import Drafter, DraftProposal, DraftRequest, create_drafter
 from dspark.drafter_guard import DrafterGuard
 from dspark.errors import AdmissionError, EngineDeadError, InvalidRequestError
 from dspark.kv_cache import PageManager
-from dspark.outputs import RequestOutput
+from dspark.outputs import RequestOutput, RoundReport, StepReport
 from dspark.prefix_cache import CachedPage
 from dspark.request_failure import FailureWindow, check_logits, request_failure
 from dspark.runner import ForwardItem
 from dspark.sampling import greedy, probs_from_logits, sample
 from dspark.sampling_params import SamplingParams
 from dspark.sequence import Sequence, Status
-from dspark.stats import EngineStats
+from dspark.stats import EngineStats, count_positions
 from dspark.tp import TPContext, rank_runner
 from dspark.verify import verify
 from dspark.verify_policy import SCHEDULED_MODES, VerifyLengthPolicy, VerifyRound, make_policy, window_limit
@@ -93,6 +93,9 @@ class Engine:
         # Called after every verify round as fn(seq, proposal, num_verified, verdict): evaluation,
         # calibration and monitoring read acceptance here without touching the step loop.
         self.round_observers: list = []
+        # Called after every step that ran a forward as fn(StepReport), on the engine thread: telemetry
+        # reads steps here (dspark/telemetry), so the loop itself never touches a tracer or a meter.
+        self.step_observers: list = []
         self.stats = EngineStats()
         self.draft_guard = DrafterGuard(cfg.vocab_size, config.max_drafter_failures, self.stats)
         self._failures = FailureWindow(config.max_request_failures, config.failure_window_steps)
@@ -263,6 +266,8 @@ class Engine:
         items, chunks = self._batch(decoding, proposals, lengths, prefilling, budget)
         if not items:
             return self._outputs()
+        num_tokens = sum(len(item.token_ids) for item in items)
+        predicted_s = 1.0 / self.cost_table(num_tokens) if self.cost_table is not None else None
         t_forward = time.perf_counter()
         result = self.runner.forward(items, self.drafter.target_layer_ids)
         forward_time = time.perf_counter() - t_forward
@@ -273,8 +278,10 @@ class Engine:
             self.cost_table.observe(num_tokens, forward_time, self.config.cost_table_ema)
 
         accepted_total = 0
+        accepted_each: list[int | None] = []
         for i, (seq, proposal, n) in enumerate(zip(decoding, proposals, lengths)):
             accepted = self._isolated(seq, self._accept, seq, proposal, n, result.logits[i], result.hidden[i])
+            accepted_each.append(accepted)
             if accepted is not None:
                 accepted_total += accepted
                 self.stats.record_round(n, round_.survival[i], accepted)
@@ -286,8 +293,34 @@ class Engine:
             )
             self.stats.gated_rounds += not drafting
 
-        self.stats.record_step(time.perf_counter() - t_start, forward_time, draft_time)
+        elapsed = time.perf_counter() - t_start
+        self.stats.record_step(elapsed, forward_time, draft_time)
+        if self.step_observers:
+            rounds = zip(decoding, proposals, lengths, accepted_each, round_.survival)
+            self._observe_step(
+                StepReport(
+                    self.stats.steps,
+                    tuple(RoundReport(s.request_id, len(p.token_ids), n, a, q) for s, p, n, a, q in rounds),
+                    tuple(seq.request_id for seq in chunks),
+                    num_tokens,
+                    drafting,
+                    self.config.scheduler,
+                    predicted_s,
+                    forward_time,
+                    draft_time,
+                    elapsed,
+                )
+            )
         return self._outputs()
+
+    def _observe_step(self, report: StepReport) -> None:
+        """Step observers are telemetry: one that raises is dropped (and logged), the step stands."""
+        for observe in list(self.step_observers):
+            try:
+                observe(report)
+            except Exception:
+                log.exception("step observer %r failed; removed", observe)
+                self.step_observers.remove(observe)
 
     def _batch(
         self,
@@ -312,6 +345,8 @@ class Engine:
             # alongside) are reused rather than computed again.
             self._reuse(seq, self.pages.reuse_cached(seq.request_id, seq.num_computed, self._needs_context))
             n = min(len(seq.prompt_token_ids) - seq.num_computed, budget)
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = time.monotonic()
             tokens = seq.prompt_token_ids[seq.num_computed : seq.num_computed + n]
             done = seq.num_computed + n == len(seq.prompt_token_ids)
             items.append(ForwardItem(tokens, seq.num_computed, [], logits_from=n - 1 if done else n))
@@ -395,11 +430,11 @@ class Engine:
             None if hidden is None else hidden[: len(anchor_and_accepted)],
         )
         seq.rounds += 1
+        seq.proposed_draft_tokens += len(proposal.token_ids)
         seq.verified_draft_tokens += n
         seq.accepted_draft_tokens += verdict.num_accepted
-        self.stats.rounds += 1
-        self.stats.drafted_tokens += n
-        self.stats.accepted_tokens += verdict.num_accepted
+        count_positions(seq.accepted_by_position, verdict.num_accepted)
+        self.stats.record_verdict(len(proposal.token_ids), n, verdict.num_accepted)
         for observe in self.round_observers:
             observe(seq, proposal, n, verdict)
         self._emit(seq, [*draft[: verdict.num_accepted], verdict.next_token])
@@ -496,6 +531,7 @@ class Engine:
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.status = Status.FINISHED
         seq.finish_reason = reason
+        seq.finished_time = time.monotonic()
         self.pages.release(seq.request_id)
         self.draft_guard.release(self.drafter, seq.request_id)
         if reason not in ("abort", "error"):

@@ -37,11 +37,16 @@ class Sequence:
     error: Exception | None = None  # why the engine stopped it, when finish_reason is "error"
     text: str = ""
     arrival_time: float = field(default_factory=time.monotonic)
+    first_scheduled_time: float | None = None
     first_token_time: float | None = None
-    # Speculation counters: rounds with a verify, drafted tokens put to the target, accepted ones.
+    finished_time: float | None = None
+    # Speculation counters: rounds with a verify, drafted tokens proposed, those put to the target,
+    # accepted ones, and [i]: rounds that accepted at least i + 1 drafted tokens.
     rounds: int = 0
+    proposed_draft_tokens: int = 0
     verified_draft_tokens: int = 0
     accepted_draft_tokens: int = 0
+    accepted_by_position: list[int] = field(default_factory=list)
     # What the last step emitted, for streaming.
     delta_token_ids: list[int] = field(default_factory=list)
     delta_text: str = ""

@@ -18,8 +18,10 @@ class EngineStats:
     generated_tokens: int = 0
     steps: int = 0
     rounds: int = 0  # verify rounds summed over requests
-    drafted_tokens: int = 0
+    drafted_tokens: int = 0  # put to the target for verification
     accepted_tokens: int = 0
+    proposed_tokens: int = 0  # drafted by the drafter (the policy may verify fewer)
+    accepted_by_position: list[int] = field(default_factory=list)  # as Sequence.accepted_by_position
     finished_requests: int = 0
     aborted_requests: int = 0
     gated_rounds: int = 0  # steps whose drafting the draft gate skipped
@@ -42,6 +44,14 @@ class EngineStats:
         self.forward_time_s += forward_s
         self.draft_time_s += draft_s
         self.recent_step_ms.append(elapsed_s * 1e3)
+
+    def record_verdict(self, proposed: int, verified: int, accepted: int) -> None:
+        """One request's verify round in the speculation counters."""
+        self.rounds += 1
+        self.proposed_tokens += proposed
+        self.drafted_tokens += verified
+        self.accepted_tokens += accepted
+        count_positions(self.accepted_by_position, accepted)
 
     def record_round(self, verified: int, survival: list[float] | None, accepted: int) -> None:
         """One request's verify round: `verified` drafted tokens checked, `accepted` of them kept."""
@@ -81,6 +91,8 @@ class EngineStats:
             "rounds": self.rounds,
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,
+            "proposed_tokens": self.proposed_tokens,
+            "accepted_by_position": list(self.accepted_by_position),
             "mean_accept_length": round(self.mean_accept_length, 4),
             "acceptance_rate": round(self.accepted_tokens / self.drafted_tokens, 4)
             if self.drafted_tokens
@@ -101,3 +113,11 @@ class EngineStats:
             "predicted_accepted_tokens": round(self.predicted_accepted_tokens, 4),
             "realised_accepted_tokens": self.realised_accepted_tokens,
         }
+
+
+def count_positions(counts: list[int], accepted: int) -> None:
+    """counts[i] += 1 for every position i < accepted, growing `counts` as needed."""
+    if len(counts) < accepted:
+        counts.extend([0] * (accepted - len(counts)))
+    for i in range(accepted):
+        counts[i] += 1

@@ -8,12 +8,14 @@ requests nobody collects (a client gone mid-routing) fall out oldest first.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 
 from router.policy import Decision
 
 MAX_KEPT = 4096
+EVENT = "dspark.route"  # the span event of the ingress request span that records a decision
 
 _lock = threading.Lock()
 _decisions: OrderedDict[str, dict] = OrderedDict()
@@ -47,4 +49,22 @@ def pop(key: str) -> dict | None:
     out = entry["decision"].to_dict()
     if entry["placed_on"] is not None:
         out["placed_on"] = entry["placed_on"]
+    return out
+
+
+def event_attributes(decision: dict) -> dict:
+    """A decision (as `pop` returns it) as span-event attributes, which hold only scalars and lists of
+    them: the outcome flat, the per-replica scores and exclusions as JSON objects keyed by replica id."""
+    out: dict = {
+        f"{EVENT}.action": decision["action"],
+        f"{EVENT}.reason": decision["reason"],
+        f"{EVENT}.ranking": list(decision["ranking"]),
+        f"{EVENT}.scores": json.dumps(decision["scores"], sort_keys=True, separators=(",", ":")),
+    }
+    if "excluded" in decision:
+        out[f"{EVENT}.excluded"] = json.dumps(decision["excluded"], sort_keys=True, separators=(",", ":"))
+    if "retry_after_s" in decision:
+        out[f"{EVENT}.retry_after_s"] = decision["retry_after_s"]
+    if "placed_on" in decision:
+        out[f"{EVENT}.placed_on"] = decision["placed_on"]
     return out

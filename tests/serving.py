@@ -80,7 +80,9 @@ def app_args(model_dir: Path, **overrides) -> dict:
     }
 
 
-def _start(model_dir: Path, http_port: int | None = None, grpc_port: int | None = None) -> Stack:
+def _start(
+    model_dir: Path, http_port: int | None = None, grpc_port: int | None = None, **app_overrides
+) -> Stack:
     import ray
     from ray import serve
 
@@ -99,13 +101,12 @@ def _start(model_dir: Path, http_port: int | None = None, grpc_port: int | None 
         http_options={"host": "127.0.0.1", "port": http_port},
         grpc_options={"port": grpc_port, "grpc_servicer_functions": GRPC_SERVICERS},
     )
-    serve.run(
-        build_app(app_args(model_dir, num_ingress_replicas=INGRESS_REPLICAS)), name=APP, route_prefix="/"
-    )
+    app = app_args(model_dir, **{"num_ingress_replicas": INGRESS_REPLICAS, **app_overrides})
+    serve.run(build_app(app), name=APP, route_prefix="/")
     return Stack(f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", model_dir, MODEL_NAME)
 
 
-def _start_with_retry(model_dir: Path, attempts: int = 2, **ports) -> Stack:
+def _start_with_retry(model_dir: Path, attempts: int = 2, **options) -> Stack:
     """Start the stack; on a loaded 2-core machine Serve's controller can give up on a slow proxy
     actor, so a failed start is torn down completely (never left half-initialised) and tried again."""
     import ray
@@ -113,7 +114,7 @@ def _start_with_retry(model_dir: Path, attempts: int = 2, **ports) -> Stack:
 
     for attempt in range(1, attempts + 1):
         try:
-            return _start(model_dir, **ports)
+            return _start(model_dir, **options)
         except Exception:
             if ray.is_initialized():
                 serve.shutdown()
@@ -192,6 +193,25 @@ def ray_released():
         _state["stack"] = _start_with_retry(
             stack.model_dir, http_port=port(stack.http_url), grpc_port=port(stack.grpc_target)
         )
+
+
+@contextmanager
+def own_stack(model_dir: Path, env: dict[str, str] | None = None, **app_overrides):
+    """A Ray and Serve stack of the test's own, while the shared one steps aside. `env` is set in this
+    process while it starts, so every Ray process inherits it (as `VAR=... make serve` does), and
+    unset before the shared stack comes back; `app_overrides` go to the app's args."""
+    import ray
+    from ray import serve
+
+    with ray_released(), pytest.MonkeyPatch.context() as patch:
+        for name, value in (env or {}).items():
+            patch.setenv(name, value)
+        stack = _start_with_retry(model_dir, **app_overrides)
+        try:
+            yield stack
+        finally:
+            serve.shutdown()
+            ray.shutdown()
 
 
 def call_on_replica(actor_name: str, method: str, *args, stream: bool = False):

@@ -53,6 +53,8 @@ class Connection:
     timeout_s: float | None = None  # default deadline per call
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     channel_options: tuple = ()
+    # Where gen_ai.client.token.usage goes when OpenTelemetry is installed; None: the global provider.
+    meter_provider: object = None
 
     @property
     def secure(self) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import grpc
 
-from dspark_client import health
+from dspark_client import health, telemetry
 from dspark_client.connection import Connection, Deadline
 from dspark_client.errors import DSparkClientError, from_rpc_error
 from dspark_client.proto import pb
@@ -20,13 +20,15 @@ class Attempts:
         self.connection, self.request_id = connection, request_id
         self.deadline = Deadline(timeout_s)
         self.count = 0
+        # The caller's trace context when the call starts; every attempt carries the same one.
+        self.trace_metadata = telemetry.trace_metadata()
 
     def next(self) -> dict:
         """Keyword arguments of the next attempt's stub call (its share of the deadline, metadata)."""
         self.count += 1
         return {
             "timeout": self.deadline.remaining(self.request_id),
-            "metadata": self.connection.metadata(self.request_id),
+            "metadata": self.connection.metadata(self.request_id) + self.trace_metadata,
         }
 
     def retry_delay(self, err: grpc.RpcError, retryable: bool = True) -> float:
@@ -62,7 +64,16 @@ class StreamState:
 
     def on_message(self, response: pb.GenerateResponse) -> Delta | None:
         self.received = True
-        return self.builder.add(response)
+        delta = self.builder.add(response)
+        if (completion := self.builder.completion) is not None and delta is None:
+            usage = completion.usage
+            telemetry.record_usage(
+                usage.prompt_tokens,
+                usage.completion_tokens,
+                self.request.model,
+                self.attempts.connection.meter_provider,
+            )
+        return delta
 
     def on_end(self) -> None:
         """The server closed the stream: fine after the final message, an error before it."""

@@ -261,7 +261,42 @@ def test_monitoring_objects():
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     shipped = json.loads((CHART / "dashboards" / "dspark.json").read_text())
     assert json.loads(dashboard["data"]["dspark.json"]) == shipped
-    assert all(t["expr"] for panel in shipped["panels"] for t in panel["targets"])
+    assert all(t["expr"] for panel in shipped["panels"] for t in panel.get("targets", []))
+
+
+@pytest.mark.parametrize(
+    "workers, args, ports",
+    [
+        ({"gpusPerNode": 1}, {}, [9464]),
+        ({"gpusPerNode": 4}, {"tensor_parallel_size": 2}, [9464, 9465]),
+        ({"gpusPerNode": 0, "cpuReplicasPerNode": 3}, {"engine": {"device": "cpu"}}, [9464, 9465, 9466]),
+    ],
+)
+def test_target_replicas_metrics_are_scraped(workers, args, ports):
+    """Each target replica's own /metrics (what the dashboard reads): DSPARK_PROMETHEUS_PORT on every
+    Ray container, one named port per replica a worker pod holds, each in the Service and scraped."""
+    values = {"workers": workers, "app": {"args": args}, "metrics": {"serviceMonitor": {"enabled": True}}}
+    docs = manifests(values)
+    cluster = rayservice(values)["spec"]["rayClusterConfig"]
+    (worker,) = cluster["workerGroupSpecs"][0]["template"]["spec"]["containers"]
+    head = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]
+    for container in (head, worker):
+        assert {"name": "DSPARK_PROMETHEUS_PORT", "value": "9464"} in container["env"]
+    names = [f"replica-m{i}" for i in range(len(ports))]
+    assert [(p["name"], p["containerPort"]) for p in worker["ports"]] == list(zip(names, ports))
+    (service,), (monitor,) = of_kind(docs, "Service"), of_kind(docs, "ServiceMonitor")
+    assert [(p["name"], p["port"]) for p in service["spec"]["ports"]] == [
+        ("metrics", 8080),
+        *zip(names, ports),
+    ]
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics", *names]
+
+    off = manifests({"metrics": {"replicaPort": 0, "serviceMonitor": {"enabled": True}}})
+    (worker,) = of_kind(off, "RayService")[0]["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"][
+        "spec"
+    ]["containers"]
+    assert "ports" not in worker and all(e["name"] != "DSPARK_PROMETHEUS_PORT" for e in worker["env"])
+    assert [e["port"] for e in of_kind(off, "ServiceMonitor")[0]["spec"]["endpoints"]] == ["metrics"]
 
 
 def test_manifest_checks_catch_mistakes():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from pathlib import Path
 
 import pytest
 from sglang_cpu import require_sglang
@@ -37,6 +38,7 @@ from dspark.cost_table import CostTable  # noqa: E402
 from dspark.errors import InvalidRequestError  # noqa: E402
 from dspark.sampling_params import SamplingParams  # noqa: E402
 from tests.deployments.sglang_stand_in import ACCEPT_PATTERN, expected_tokens  # noqa: E402
+from tests.drafter_service.drafter_fixtures import save_untrained_dspark  # noqa: E402
 
 STAND_IN = "tests.deployments.sglang_stand_in:StandInEngine"
 GAMMA = 4
@@ -270,11 +272,15 @@ def test_request_span_is_the_parent_of_sglangs_trace(make_replica, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def sglang_app(serve_stack):
-    """The stand-in SGLang app beside the shared stack, built by build_app like any config."""
+def sglang_app(serve_stack, tmp_path_factory):
+    """The stand-in SGLang app beside the shared stack, built by build_app like any config. The drafter
+    is a real DSpark checkpoint: build_app runs SGLang's own checks of it before anything starts."""
     config = app_config(serve_stack.model_dir, "static", served_model_name=serve_stack.model_name,
                         num_replicas=1, num_ingress_replicas=1, replica_num_cpus=0.25, ingress_num_cpus=0.25,
                         health_check_period_s=1.0, graceful_shutdown_timeout_s=2.0)  # fmt: skip
+    drafter = tmp_path_factory.mktemp("sglang_drafter") / "dspark"
+    save_untrained_dspark(Path(serve_stack.model_dir), drafter, GAMMA)
+    config["engine"]["drafter_model"] = str(drafter)
     serve.run(build_app(config), name="sglang", route_prefix="/sglang")
     yield serve_stack
     serve.delete("sglang")

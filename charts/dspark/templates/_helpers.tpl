@@ -64,7 +64,7 @@ shards of a replica on one pod, STRICT_PACK), or cpuReplicasPerNode on CPU-only 
 With KubeRay's autoscaler the pod count follows the replicas between the bounds; without it the group
 is sized for the most replicas Serve may ask for.
 */}}
-{{- define "dspark.workerPods" -}}
+{{- define "dspark.replicasPerPod" -}}
 {{- $tp := int (.Values.app.args.tensor_parallel_size | default 1) -}}
 {{- $gpus := int .Values.workers.gpusPerNode -}}
 {{- $perPod := int .Values.workers.cpuReplicasPerNode -}}
@@ -74,6 +74,11 @@ is sized for the most replicas Serve may ask for.
 {{- end -}}
 {{- $perPod = div $gpus $tp -}}
 {{- end -}}
+{{- $perPod -}}
+{{- end -}}
+
+{{- define "dspark.workerPods" -}}
+{{- $perPod := int (include "dspark.replicasPerPod" .) -}}
 {{- $counts := include "dspark.replicaCounts" . | fromJson -}}
 {{- $pods := dict -}}
 {{- range $key := list "min" "max" "initial" -}}
@@ -140,6 +145,24 @@ applications:
   value: k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE),k8s.node.name=$(NODE_NAME)
 - name: DSPARK_CACHE_DIR
   value: /var/cache/dspark
+{{- if .Values.metrics.replicaPort }}
+- name: DSPARK_PROMETHEUS_PORT
+  value: {{ .Values.metrics.replicaPort | quote }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The Prometheus ports of the target replicas on one worker pod: each replica serves its own /metrics
+(GenAI latency and the dspark: speculation metrics the dashboard reads), the first on
+metrics.replicaPort and the next ones on the ports after it (dspark/telemetry/prometheus.py).
+*/}}
+{{- define "dspark.replicaMetricsPorts" -}}
+{{- if .Values.metrics.replicaPort -}}
+{{- $first := int .Values.metrics.replicaPort -}}
+{{- range $i := until (int (include "dspark.replicasPerPod" .)) }}
+- {name: {{ printf "replica-m%d" $i }}, port: {{ add $first $i }}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "dspark.volumeMounts" -}}

@@ -1,0 +1,43 @@
+"""The controller benchmark's bookkeeping (bench/control.py): the seeded open-loop schedule, SLA outcomes,
+per-phase summaries and settling times."""
+
+from __future__ import annotations
+
+from bench.control import Outcome, phase_summary, schedule, settle_periods
+
+PHASES = [("light", 1.0, 10.0), ("heavy", 8.0, 10.0), ("light", 1.0, 10.0)]
+
+
+def test_schedule_is_seeded_and_follows_the_ramp():
+    arrivals = schedule(PHASES, seed=3)
+    assert arrivals == schedule(PHASES, seed=3) != schedule(PHASES, seed=4)
+    assert all(a <= b for (a, _, _), (b, _, _) in zip(arrivals, arrivals[1:]))
+    per_phase = [sum(p == i for _, p, _ in arrivals) for i in range(3)]
+    assert per_phase[1] > 3 * max(per_phase[0], per_phase[2])
+    assert {c for _, _, c in arrivals} == {"interactive", "batch"}
+
+
+def test_phase_summary_counts_sla_attainment_per_class():
+    outcomes = [
+        Outcome(0, "interactive", 0.0, ttft=0.5, seconds=3.0, tokens=11),  # tpot 0.25: met
+        Outcome(0, "interactive", 1.0, ttft=3.0, seconds=4.0, tokens=11),  # ttft over 2 s: missed
+        Outcome(0, "batch", 2.0, ttft=0.0, seconds=1.0, tokens=0, error="429"),
+    ]
+    s = phase_summary(outcomes, PHASES, 0)
+    assert s["requests"] == 3 and s["errors"] == 1
+    assert s["attainment"] == {"interactive": 0.5, "batch": 0.0}
+    assert s["throughput_tok_s"] == 22 / 10.0
+
+
+def test_settle_periods_count_from_each_step_to_the_last_change():
+    caps = lambda step: {"r": {"max_step_tokens": step}}  # noqa: E731
+    trace = [
+        {"t": 9.0, "period": 9, "caps": caps(None)},
+        {"t": 10.5, "period": 10, "caps": caps(None)},
+        {"t": 11.5, "period": 11, "caps": caps(40)},
+        {"t": 12.5, "period": 12, "caps": caps(12)},
+        {"t": 13.5, "period": 13, "caps": caps(12)},
+        {"t": 20.5, "period": 20, "caps": caps(12)},
+        {"t": 21.5, "period": 21, "caps": caps(None)},
+    ]
+    assert settle_periods(trace, PHASES) == [2, 1]

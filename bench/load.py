@@ -51,6 +51,8 @@ GAMMA = 7
 # JSON name -> engine options; drafters are found beside the target (models/drafters/NAME).
 METHODS: dict[str, dict] = {
     "plain": {"drafter": "none", "scheduler": "plain"},
+    # A second, identical plain engine: its distance from plain is the noise band of the run.
+    "plain_repeat": {"drafter": "none", "scheduler": "plain"},
     "mtp1": {"drafter": "mtp1", "scheduler": "mtp1"},
     "dspark_fixed": {"drafter": "dspark", "num_speculative_tokens": GAMMA, "scheduler": "fixed"},
     "dspark_scheduled": {"drafter": "dspark", "num_speculative_tokens": GAMMA, "scheduler": "dspark"},

@@ -33,6 +33,7 @@ from controller.recalibration import CalibrationPool, DriftWatch, ObservedRound,
 from controller.telemetry import ReplicaTelemetry, from_routing_stats
 from deployments.config import AppConfig
 from deployments.errors import NotFoundError, UnauthorizedError
+from deployments.telemetry import setup_process
 from dspark.draft_budget import DraftBudget
 from dspark.errors import InvalidRequestError
 
@@ -63,6 +64,8 @@ class Controller:
         self.recorder = (
             record.Recorder(settings.record_path, self.policy.config) if settings.record_path else None
         )
+        # This process's providers from the app's telemetry settings: decisions export as span events.
+        self.telemetry = setup_process("controller")
         self._tracer = trace.get_tracer("dspark.controller")
         self._task = asyncio.get_running_loop().create_task(self._run())
 

@@ -51,12 +51,16 @@ def speculation(meta: dict) -> SpeculationStats:
     if rounds <= 0:
         return NO_SPECULATION
     accepted = int(meta.get("spec_num_correct_drafts", 0))
+    proposed = int(meta.get("spec_num_proposed_drafts", 0))  # what the drafter drafted
     cap_length = meta.get("spec_cap_length")  # mean verify window per step, bonus slot included
     if cap_length is not None:  # compact mode: only the scheduled drafts went to the target
         verified = round(cap_length * rounds) - rounds
     else:
-        verified = int(meta.get("spec_num_proposed_drafts", 0))
-    return SpeculationStats(rounds, verified, accepted, (accepted + rounds) / rounds)
+        verified = proposed
+    # SGLang reports no acceptance by position per request: left empty rather than guessed.
+    return SpeculationStats(
+        rounds, verified, accepted, (accepted + rounds) / rounds, proposed_tokens=proposed
+    )
 
 
 @dataclass

@@ -8,6 +8,7 @@ test checkpoint under the name "target", the name the demo stack and the README'
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -89,7 +90,12 @@ def _start(
     from deployments.app import GRPC_SERVICERS, build_app
 
     http_port, grpc_port = http_port or free_port(), grpc_port or free_port()
+    # Serve's controller kills a proxy not ready within 5 s, which a loaded 2-core machine can miss; the
+    # controller (a Ray worker) inherits this process's environment.
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+    os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "60")
     ray.init(
+        address="local",  # always a cluster of our own, never one some other process started here
         num_cpus=2,
         object_store_memory=100 * 2**20,
         include_dashboard=False,

@@ -163,7 +163,8 @@ def test_cumulative_chunks_become_delta_events_and_spec_counters_come_last():
     assert (last.token_ids, last.text, last.finished, last.finish_reason) == ((1,), "e", True, "length")
     assert (last.prompt_tokens, last.completion_tokens) == (3, 6)
     assert last.speculation.to_dict() == {
-        "rounds": 2, "drafted_tokens": 14, "accepted_tokens": 4, "mean_accept_length": 3.0}  # fmt: skip
+        "rounds": 2, "drafted_tokens": 14, "accepted_tokens": 4, "mean_accept_length": 3.0,
+        "proposed_tokens": 14, "accepted_by_position": []}  # fmt: skip
 
 
 def test_compact_mode_counts_only_the_scheduled_drafts_as_verified():

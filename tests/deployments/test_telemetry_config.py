@@ -53,15 +53,16 @@ def test_bad_blocks_name_the_field(block, field):
         AppConfig(model="m", telemetry=block)
 
 
-def test_build_app_gives_both_deployments_the_variables(qwen3_dir):
+def test_build_app_gives_every_deployment_the_variables(qwen3_dir):
     telemetry = {"otlp_endpoint": "http://collector:4317", "step_sample_rate": 1.0}
-    ingress = build_app({"model": str(qwen3_dir), "telemetry": telemetry})._bound_deployment
-    (replica, _config) = ingress.init_args
+    app = {"model": str(qwen3_dir), "telemetry": telemetry, "controller": {}}
+    ingress = build_app(app)._bound_deployment
+    (replica, _config, controller) = ingress.init_args
     expected = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317",
         "DSPARK_TRACE_STEP_SAMPLE_RATE": "1.0",
     }
-    for deployment in (ingress, replica._bound_deployment):
+    for deployment in (ingress, replica._bound_deployment, controller._bound_deployment):
         assert deployment.ray_actor_options["runtime_env"] == {"env_vars": expected}
     # Without a block the deployments inherit the environment untouched.
     plain = build_app({"model": str(qwen3_dir)})._bound_deployment

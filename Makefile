@@ -33,6 +33,9 @@ bench: models
 	$(PY) bench/serve.py --model $(MODELS)/target --drafter dspark --num-speculative-tokens 7 --prompts 16 \
 		--max-tokens 64 --repeats 2
 	$(PY) bench/prefix.py --model $(MODELS)/target
+	$(PY) bench/route_decision.py
+	$(PY) bench/route_stats_cost.py --model $(MODELS)/target
+	$(PY) bench/route.py --models $(MODELS)
 	$(PY) bench/telemetry.py --model $(MODELS)/target
 
 # The main job: an embedded local Ray serving the demo stack (OpenAI HTTP :8000, gRPC :9000);

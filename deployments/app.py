@@ -24,6 +24,8 @@ from dspark.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
 
+# AppConfig fields the target replicas never read.
+ROUTING_FIELDS = {"router", "router_options", "routing_stats_period_s", "sla_classes", "default_sla_class"}
 # What the Serve config's grpc_options.grpc_servicer_functions must list for the gRPC surface.
 GRPC_SERVICERS = [
     "dspark_client.proto.add_GenerationServicer_to_server",
@@ -37,7 +39,6 @@ def build_app(args: dict | AppConfig) -> Application:
         raise ModelLoadError(
             f"model directory {config.model!r} has no config.json (build it with `make models`)"
         )
-    engine = config.engine_config()
     if config.backend == "sglang":
         replica_class, placement = _sglang_replica(config)
     else:
@@ -50,16 +51,19 @@ def build_app(args: dict | AppConfig) -> Application:
         own = actor.get("runtime_env", {})
         actor["runtime_env"] = {**own, "env_vars": {**env, **own.get("env_vars", {})}}
     data = config.model_dump()
-    per_replica = config.max_ongoing_requests or engine.max_num_seqs
+    # What only the ingress and the router read stays out of the replicas' arguments: changing the router
+    # or the SLA classes restarts the ingress (cheap), never the replicas (their models stay loaded).
+    replica_data = config.model_dump(exclude=ROUTING_FIELDS)
+    per_replica = config.max_ongoing_requests or max(e.max_num_seqs for e in config.engine_configs())
     replica = replica_class.options(
         **_replica_count(config.num_replicas, config.autoscaling_config),
         max_ongoing_requests=per_replica,
         health_check_period_s=config.health_check_period_s,
         health_check_timeout_s=config.health_check_timeout_s,
         graceful_shutdown_timeout_s=config.graceful_shutdown_timeout_s,
-        request_router_config={"request_routing_stats_period_s": config.routing_stats_period_s},
+        request_router_config=config.request_router_config(),
         **placement,
-    ).bind(data)
+    ).bind(replica_data)
     # The cluster controller, one replica beside the targets; the ingress serves its admin routes.
     controller = None
     if config.controller is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 from typing import Literal
 
@@ -11,6 +12,15 @@ from ray.serve.config import AutoscalingConfig
 from deployments.sglang_args import SGLangOptions
 from deployments.telemetry import TelemetryConfig
 from dspark.config import EngineConfig
+from router.policy import PolicyConfig
+from router.sla import DEFAULT_CLASS, DEFAULT_CLASSES, SlaClass
+
+# `router`: ours, or one of Ray Serve's for comparison (the import paths Serve takes).
+ROUTERS = {
+    "sla": "router.serve_router:SLARequestRouter",
+    "pow2": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter",  # Serve's default
+    "round_robin": "ray.serve.experimental.round_robin_router:RoundRobinRouter",
+}
 
 
 class ControllerSettings(BaseModel):
@@ -56,6 +66,10 @@ class AppConfig(BaseModel):
     # seed, device) and `sglang` holds SGLang's own (deployments/sglang_args.py).
     backend: Literal["builtin", "sglang"] = "builtin"
     sglang: SGLangOptions | None = None
+    # Engine options that differ per replica: the replica of Serve rank r also applies
+    # engine_by_rank[r % len] on top of `engine` (heterogeneous pools, a canary, benchmarks), e.g.
+    # [{}, {"drafter": "none"}] runs every other replica without speculation.
+    engine_by_rank: list[dict] = Field(default_factory=list)
     tensor_parallel_size: int = Field(1, ge=1)
     num_replicas: int = Field(1, ge=1, description="target replicas; with autoscaling_config, Serve decides")
     # The ingress holds no request state (Abort reaches every target replica), so it scales out freely.
@@ -90,7 +104,17 @@ class AppConfig(BaseModel):
     health_check_period_s: float = Field(5.0, gt=0)
     health_check_timeout_s: float = Field(30.0, gt=0)
     graceful_shutdown_timeout_s: float = Field(20.0, ge=0)
-    routing_stats_period_s: float = Field(1.0, gt=0)
+    # How often Serve's controller pulls each replica's routing stats (Serve's default, 10 s, is far too
+    # slow for LLM load); the router ages them and ranks replicas with older ones after the rest.
+    routing_stats_period_s: float = Field(0.25, gt=0)
+    router: Literal["sla", "pow2", "round_robin"] = "sla"
+    # SLA classes by name (router/sla.py): {ttft_ms, tpot_ms, priority, may_shed}; a request picks one
+    # with `sla_class` or the x-sla-class header, and may override its targets with x-slo-*-ms headers.
+    sla_classes: dict[str, SlaClass] = Field(default_factory=lambda: dict(DEFAULT_CLASSES))
+    default_sla_class: str = DEFAULT_CLASS
+    # router/policy.py PolicyConfig fields (tie_margin, stale_after_s, min_retry_s, max_retry_s), plus
+    # prior_acceptance (drafter acceptance assumed before a replica has verified drafts) and seed.
+    router_options: dict = Field(default_factory=dict)
     # OpenTelemetry for every process of the app, as OTEL_* variables of the deployments' runtime_env
     # (deployments/telemetry.py); unset fields leave whatever the environment says.
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
@@ -131,13 +155,58 @@ class AppConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _sla_classes(self) -> AppConfig:
+        if not self.sla_classes:
+            raise ValueError("sla_classes: at least one class is needed")
+        if self.default_sla_class not in self.sla_classes:
+            raise ValueError(
+                f"default_sla_class: {self.default_sla_class!r} is not one of {sorted(self.sla_classes)}"
+            )
+        known = {f.name for f in fields(PolicyConfig)} | {"prior_acceptance", "seed"}
+        if unknown := sorted(set(self.router_options) - known):
+            raise ValueError(f"router_options: unknown option {unknown[0]!r}; known: {sorted(known)}")
+        try:
+            PolicyConfig(**self._policy_options()[0])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"router_options: {exc}") from None
+        return self
+
+    def _policy_options(self) -> tuple[dict, dict]:
+        """router_options split into PolicyConfig's fields and the router's own arguments."""
+        options = dict(self.router_options)
+        extra = {k: options.pop(k) for k in ("prior_acceptance", "seed") if k in options}
+        # Stats a few periods old have missed several updates: rank that replica after fresh ones.
+        options.setdefault("stale_after_s", max(1.0, 4 * self.routing_stats_period_s))
+        return options, extra
+
+    def request_router_config(self) -> dict:
+        """Serve's RequestRouterConfig for the target replicas: the router class and its arguments."""
+        config: dict = {
+            "request_router_class": ROUTERS[self.router],
+            "request_routing_stats_period_s": self.routing_stats_period_s,
+        }
+        if self.router == "sla":
+            options, extra = self._policy_options()
+            config["request_router_kwargs"] = {
+                "classes": {name: c.model_dump() for name, c in self.sla_classes.items()},
+                "default_class": self.default_sla_class,
+                "options": options,
+                **extra,
+            }
+        return config
+
+    @model_validator(mode="after")
     def _engine_fields(self) -> AppConfig:
         if "model" in self.engine:
             raise ValueError("engine.model: set the top-level `model` instead")
-        try:
-            self.engine_config()  # EngineConfig names the field if an option is wrong
-        except TypeError as exc:  # an unknown option
-            raise ValueError(f"engine: {exc}") from None
+        if any("model" in extra for extra in self.engine_by_rank):
+            raise ValueError("engine_by_rank: every replica serves the top-level `model`")
+        for rank in range(max(1, len(self.engine_by_rank))):
+            name = f"engine_by_rank[{rank}]" if self.engine_by_rank else "engine"
+            try:
+                self.engine_config(rank)  # EngineConfig names the field if an option is wrong
+            except TypeError as exc:  # an unknown option
+                raise ValueError(f"{name}: {exc}") from None
         return self
 
     @model_validator(mode="after")
@@ -146,13 +215,21 @@ class AppConfig(BaseModel):
             if self.sglang is not None:
                 raise ValueError("sglang: SGLang's options apply with backend: sglang only")
             return self
+        if self.engine_by_rank:
+            raise ValueError("engine_by_rank: engines that differ by rank need backend: builtin")
         from deployments.sglang_args import translate
 
         translate(self, {})  # refuses, by name, what SGLang has no counterpart for
         return self
 
-    def engine_config(self) -> EngineConfig:
-        return EngineConfig(model=str(Path(self.model).expanduser().resolve()), **self.engine)
+    def engine_config(self, rank: int = 0) -> EngineConfig:
+        """The engine of the replica of Serve rank `rank` (they differ only with engine_by_rank)."""
+        extra = self.engine_by_rank[rank % len(self.engine_by_rank)] if self.engine_by_rank else {}
+        return EngineConfig(model=str(Path(self.model).expanduser().resolve()), **(self.engine | extra))
+
+    def engine_configs(self) -> list[EngineConfig]:
+        """Every distinct replica engine."""
+        return [self.engine_config(rank) for rank in range(max(1, len(self.engine_by_rank)))]
 
     @property
     def max_replicas(self) -> int:

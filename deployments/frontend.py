@@ -13,17 +13,25 @@ that carries every other stream of this ingress.
 Each request is a span (dspark/telemetry/spans.py): the surface starts it within the client's trace,
 `open` hands its context to the replica, and the stream ends it with the usage and the replica's
 speculation attributes of the last event.
+
+Each request carries its routing inputs to the SLA router (router/serve_router.py), which runs in this
+process: its prompt length, max_tokens and SLA class (router/sla.py), as the `route` keyword of the
+replica call. The router's decision for it (scores per replica, the pick or the refusal) is collected
+once the first event or the refusal arrives: logged (debug) with the request id and kept on the Stream
+as `route`, and recorded as the `dspark.route` event of the request's span (router/decisions.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from jinja2 import TemplateError
 from opentelemetry import trace
@@ -37,6 +45,11 @@ from deployments.validation import GenerationRequest, Limits
 from dspark.errors import InvalidRequestError
 from dspark.telemetry.semconv import TEXT_COMPLETION
 from dspark.telemetry.spans import RequestSpan
+from router import decisions
+from router.policy import Newcomer
+from router.sla import classes_of, resolve
+
+log = logging.getLogger(__name__)
 
 # Used when a tokenizer ships no chat template (the demo tokenizer, the test tokenizer).
 FALLBACK_CHAT_TEMPLATE = (
@@ -57,6 +70,7 @@ class Stream:
     first: StreamEvent
     _source: object  # DeploymentResponseGenerator
     span: RequestSpan | None = None
+    route: dict | None = None  # the SLA router's decision (router/policy.py Decision.to_dict)
 
     async def events(self) -> AsyncIterator[StreamEvent]:
         last = self.first
@@ -96,6 +110,7 @@ class Frontend:
         self.config = config
         self.limits = Limits(max_request_bytes=config.max_request_bytes)
         self.api_keys = config.accepted_api_keys()
+        self.slas = classes_of(config.sla_classes)
         self.model_name = config.model_name
         self.created = int(time.time())
         self.tokenizer = AutoTokenizer.from_pretrained(config.engine_config().model, trust_remote_code=False)
@@ -125,22 +140,33 @@ class Frontend:
             return RequestSpan(self.telemetry.tracer, operation, self.model_name, None, SpanKind.INTERNAL)
         return RequestSpan(self.telemetry.tracer, operation, self.model_name, carrier, SpanKind.SERVER)
 
-    async def open(self, req: GenerationRequest, span: RequestSpan | None = None) -> Stream:
-        """Validate against the model, then admit the request on a replica and await its first event."""
+    async def open(
+        self,
+        req: GenerationRequest,
+        span: RequestSpan | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Stream:
+        """Validate against the model, then admit the request on a replica and await its first event.
+
+        `headers`: the HTTP headers or gRPC metadata (lower-case names), for the SLA headers."""
         if span is not None:
             span.set_request(req.params, req.model)
         if req.model is not None and req.model != self.model_name:
             raise InvalidRequestError(
                 "model", f"unknown model {req.model!r}; this server serves {self.model_name!r}"
             )
+        sla = resolve(self.slas, self.config.default_sla_class, req.sla_class, headers or {})
+        params = replace(req.params, sla_class=sla.name)  # the engine's per-class draft budget reads it
         info = await self.model_info()
         loop = asyncio.get_running_loop()
         ids = await loop.run_in_executor(self._tokenize_pool, self.prompt_ids, req, info)
         rid = req.request_id or uuid.uuid4().hex
+        route = Newcomer(len(ids), params.max_tokens, sla, key=uuid.uuid4().hex[:12])
         source = self.replica.options(stream=True).generate.remote(
             ids,
-            req.params,
+            params,
             rid,
+            route=route,
             trace_context=span.carrier() if span is not None else None,
             operation=span.operation if span is not None else TEXT_COMPLETION,
         )
@@ -148,8 +174,9 @@ class Frontend:
             first = await source.__anext__()
         except BaseException:
             source.cancel()
+            collect_decision(rid, route, span)
             raise
-        return Stream(rid, len(ids), first, source, span)
+        return Stream(rid, len(ids), first, source, span, collect_decision(rid, route, span))
 
     async def abort(self, request_id: str) -> bool:
         """Stop every running request with this id, whichever ingress admitted it: each target replica
@@ -197,3 +224,14 @@ class Frontend:
             return self.tokenizer.encode(text, add_special_tokens=False)
         # Exactly what Engine.tokenize does, so served output equals offline output for the same text.
         return self.tokenizer.encode(req.prompt, add_special_tokens=False)
+
+
+def collect_decision(request_id: str, route: Newcomer, span: RequestSpan | None = None) -> dict | None:
+    """The SLA router's decision for this request (None under Serve's routers): logged with its id and
+    recorded as the `dspark.route` event of the request's span, the scores of every replica included."""
+    decision = decisions.pop(route.key)
+    if decision is not None:
+        log.debug("route %s: %s", request_id, json.dumps(decision, separators=(",", ":")))
+        if span is not None:
+            span.add_event(decisions.EVENT, decisions.event_attributes(decision))
+    return decision

@@ -71,7 +71,7 @@ class GrpcService:
         span = self.request_span(semconv.TEXT_COMPLETION, metadata)
         try:
             self.authorize(metadata.get("authorization"))
-            stream = await self.open(validation.grpc_request(request, self.limits), span)
+            stream = await self.open(validation.grpc_request(request, self.limits), span, metadata)
         except Exception as exc:
             fail_span(span, exc)
             raise _fail(grpc_context, exc) from None

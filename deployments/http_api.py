@@ -99,7 +99,7 @@ async def _generate(request: Request, chat: bool) -> Response:
         )
         parse = validation.chat_request if chat else validation.completion_request
         req = parse(body, frontend.limits)
-        stream = await frontend.open(req, span)
+        stream = await frontend.open(req, span, request.headers)
     except Exception as exc:
         fail_span(span, exc)
         return _error(exc)

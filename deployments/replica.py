@@ -31,6 +31,7 @@ from dspark.sampling_params import SamplingParams
 from dspark.telemetry.engine_telemetry import EngineTelemetry
 from dspark.telemetry.semconv import TEXT_COMPLETION
 from dspark.verify_policy import SCHEDULED_MODES
+from router.policy import Newcomer
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ class TargetReplica:
         self.config = AppConfig(**config)
         if self.config.torch_num_threads:
             torch.set_num_threads(self.config.torch_num_threads)
-        engine_config = self.config.engine_config()
+        engine_config = self.config.engine_config(_replica_rank())
         self._tp_group = None
         if self.config.tensor_parallel_size > 1:
             from deployments import tensor_parallel
@@ -57,10 +58,13 @@ class TargetReplica:
         # The cluster controller's own window on acceptance (deployments/replica_control.py).
         self._tap = replica_control.RoundTap(engine.gamma)
         engine.round_observers.append(self._tap.observe)
+        # The SLA router predicts speed from SPS(B): profiled now (or read from the cache), before any
+        # request holds the KV cache, if the engine schedules without a table of its own.
+        self._routing_table = replica_state.routing_cost_table(engine)
         self.engine = AsyncEngine(engine=engine)
         self.telemetry = setup_process("replica", prometheus=True)
         self._telemetry = EngineTelemetry(self.telemetry, engine, self.config.model_name, _replica_id())
-        self._tau = replica_state.TauWindow()
+        self._recent = replica_state.RecentRounds()
         self._last_stats: dict = {}
         self.stats_timeout_s = CALL_TIMEOUT_S
         self._pending_snapshot: asyncio.Future | None = None  # at most one stats call queued at a time
@@ -72,6 +76,7 @@ class TargetReplica:
         prompt_token_ids: list[int],
         params: SamplingParams,
         request_id: str,
+        route: Newcomer | None = None,
         trace_context: dict[str, str] | None = None,
         operation: str = TEXT_COMPLETION,
     ) -> AsyncIterator[StreamEvent]:
@@ -80,12 +85,15 @@ class TargetReplica:
         `trace_context`: the ingress span's W3C context, which this replica's span continues;
         `operation`: the GenAI operation the request serves (text_completion, chat).
 
+        `route` is what the SLA router read to place the request (router/serve_router.py); the call
+        carries it so Serve shows it to the router, and the replica has no use for it.
+
         Each message costs a hop through Ray, so whatever the engine produced while the previous
         message was in flight is sent as one merged event rather than one per step.
         """
         self._ensure_keepalive()
         pending: asyncio.Queue = asyncio.Queue()
-        engine_id = running.engine_request_id(request_id)
+        engine_id = running.engine_request_id(request_id, route.key if route is not None else None)
         trace = self._telemetry.start(engine_id, request_id, operation, params, trace_context)
 
         async def pump() -> None:
@@ -152,7 +160,7 @@ class TargetReplica:
         except Exception as exc:  # stuck or dead: check_health reports it, the router keeps old numbers
             log.warning("routing stats unavailable (%r); publishing the last reading", exc)
             return {**self._last_stats, "healthy": False}
-        snap["recent_tau"] = self._tau.update(snap.pop("rounds"), snap.pop("accepted_tokens"))
+        snap |= self._recent.update(*(snap.pop(name) for name in replica_state.COUNTERS))
         snap["healthy"] = self.engine.is_healthy(self.config.stuck_after_s)
         snap["replica_id"] = _replica_id()
         self._last_stats = snap
@@ -162,7 +170,8 @@ class TargetReplica:
         """The engine's state, read on its thread within `stats_timeout_s`. While a read is still
         queued behind a slow step, later calls wait on that one instead of queueing more."""
         if self._pending_snapshot is None or self._pending_snapshot.done():
-            self._pending_snapshot = asyncio.wrap_future(self.engine.submit(replica_state.snapshot))
+            read = self.engine.submit(replica_state.snapshot, self._routing_table)
+            self._pending_snapshot = asyncio.wrap_future(read)
             self._pending_snapshot.add_done_callback(_retrieve)
         try:
             return dict(await asyncio.wait_for(asyncio.shield(self._pending_snapshot), self.stats_timeout_s))
@@ -258,6 +267,13 @@ def _retrieve(future: asyncio.Future) -> None:
     """Mark a stats read's outcome as seen: it may finish after every caller stopped waiting."""
     if not future.cancelled():
         future.exception()
+
+
+def _replica_rank() -> int:
+    try:
+        return serve.get_replica_context().rank.rank
+    except Exception:  # outside Serve (tests calling the class directly)
+        return 0
 
 
 def _replica_id() -> str:

@@ -1,23 +1,79 @@
 """A target replica's state as data: the load it publishes for the router, and its draft budget.
 
 Pure functions of an Engine, no Ray. They run on the engine thread between steps (AsyncEngine.call),
-so they see a consistent engine; `TauWindow` turns cumulative counters into the recent τ. With prefix
-caching the snapshot names the cached prompt pages, so a router can predict the prefill a prompt
-would skip on each replica (`prefix_cache`).
+so they see a consistent engine; `RecentRounds` turns cumulative counters into recent rates.
+
+What the SLA router (router/policy.py) reads from a snapshot: the load (running and queued requests,
+queued prefill tokens, KV pages, max_num_seqs, tokens each request has left, and the route keys of the
+requests it holds), the speed (the SPS table, the step's token budget, the draft window and budget,
+whether verify lengths adapt to the table, and over the recent rounds tau, the drafts verified per
+round and step time / forward time), the SLA classes running, and `ts`, when the snapshot was taken
+(the router ages signals by it). With prefix caching the snapshot names the cached prompt pages, so a
+router can predict the prefill a prompt would skip on each replica (`prefix_cache`).
 """
 
 from __future__ import annotations
 
+import time
+from collections import Counter
 from dataclasses import dataclass
 
+from deployments.running import route_key
+from dspark import cost_table
 from dspark.draft_budget import DraftBudget
 from dspark.engine import Engine
 from dspark.sequence import Status
+from dspark.verify_policy import SCHEDULED_MODES
+
+MAX_REMAINING_REPORTED = 64  # the router's retry hint needs the soonest finishers, not all of them
+COUNTERS = ("rounds", "accepted_tokens", "drafted_tokens", "step_time_s", "forward_time_s")
+
+
+@dataclass
+class RecentRounds:
+    """Over the steps since the previous reading: tau (tokens gained per verify round), the drafts
+    verified per round, and how much longer a step takes than its target forward (drafting, the
+    engine's own work). An idle window keeps the last values: the router wants the replica's
+    numbers, not zeros."""
+
+    rounds: int = 0
+    accepted: int = 0
+    drafted: int = 0
+    step_time_s: float = 0.0
+    forward_time_s: float = 0.0
+    tau: float = 0.0
+    mean_verified: float = 0.0
+    overhead: float = 1.0
+
+    def update(
+        self,
+        rounds: int,
+        accepted_tokens: int,
+        drafted_tokens: int,
+        step_time_s: float,
+        forward_time_s: float,
+    ) -> dict:
+        d_rounds, d_accepted = rounds - self.rounds, accepted_tokens - self.accepted
+        d_drafted = drafted_tokens - self.drafted
+        d_step, d_forward = step_time_s - self.step_time_s, forward_time_s - self.forward_time_s
+        if d_rounds > 0:
+            self.tau = (d_accepted + d_rounds) / d_rounds
+            self.mean_verified = d_drafted / d_rounds
+        if d_forward > 0:
+            self.overhead = max(1.0, d_step / d_forward)
+        self.rounds, self.accepted, self.drafted = rounds, accepted_tokens, drafted_tokens
+        self.step_time_s, self.forward_time_s = step_time_s, forward_time_s
+        return {
+            "recent_tau": round(self.tau, 4),
+            "mean_verified": round(self.mean_verified, 4),
+            "step_overhead": round(self.overhead, 4),
+        }
 
 
 @dataclass
 class TauWindow:
-    """τ (tokens gained per verify round) over the rounds since the previous reading."""
+    """tau over the rounds since the previous reading, for a backend that counts only rounds and
+    accepted tokens (deployments/sglang_replica.py); RecentRounds is the built-in engine's fuller view."""
 
     rounds: int = 0
     accepted: int = 0
@@ -25,7 +81,7 @@ class TauWindow:
 
     def update(self, rounds: int, accepted: int) -> float:
         d_rounds, d_accepted = rounds - self.rounds, accepted - self.accepted
-        if d_rounds > 0:  # an idle window keeps the last value: the router wants the replica's τ, not 0
+        if d_rounds > 0:  # an idle window keeps the last value: the router wants the replica's tau, not 0
             self.tau = (d_accepted + d_rounds) / d_rounds
         self.rounds, self.accepted = rounds, accepted
         return self.tau
@@ -43,12 +99,15 @@ def draft_budget(engine: Engine) -> dict:
     return budget.to_dict()
 
 
-def sps_table(engine: Engine) -> list[list[float]] | None:
-    """The engine's cost table as [[batch_tokens, verify_steps_per_s], ...] at its profiled points."""
-    table = getattr(engine, "cost_table", None)
-    if table is None:
-        return None
-    return [[b, round(r, 3)] for b, r in zip(table.points, table.smoothed)]
+def routing_cost_table(engine: Engine) -> cost_table.CostTable:
+    """SPS(B) for the router: the engine's own table, or one profiled (or read from the cache) for an
+    engine that schedules without one (no drafter, a fixed window). Only while no request runs."""
+    if engine.cost_table is not None:
+        return engine.cost_table
+    config = engine.config
+    return cost_table.load_or_profile(
+        engine.runner, config.model, engine.cost_table_shape(), config.cost_table_dir
+    )
 
 
 def prefix_cache(engine: Engine) -> dict:
@@ -63,23 +122,34 @@ def prefix_cache(engine: Engine) -> dict:
     }
 
 
-def snapshot(engine: Engine) -> dict:
+def snapshot(engine: Engine, routing_table: cost_table.CostTable | None = None) -> dict:
     seqs = list(engine.seqs.values())
     queued = [s for s in seqs if s.status is Status.PREFILL]
+    stats = engine.stats
+    table = engine.cost_table or routing_table
     return {
+        "ts": time.time(),
         "running_requests": len(seqs) - len(queued),
         "queued_requests": len(queued),
         "queued_prefill_tokens": sum(len(s.prompt_token_ids) - s.num_computed for s in queued),
         "kv_unreserved_pages": engine.pages.num_unreserved_pages,
         "kv_total_pages": engine.pages.num_pages,
         "kv_headroom": engine.pages.num_unreserved_pages / engine.pages.num_pages,
+        "kv_page_size": engine.pages.page_size,
         "max_num_seqs": engine.config.max_num_seqs,
-        "finished_requests": engine.stats.finished_requests,
-        "aborted_requests": engine.stats.aborted_requests,
-        "rounds": engine.stats.rounds,
-        "accepted_tokens": engine.stats.accepted_tokens,
+        "max_num_batched_tokens": engine.config.max_num_batched_tokens,
+        "remaining_tokens": sorted(s.remaining_tokens for s in seqs)[:MAX_REMAINING_REPORTED],
+        "running_by_class": dict(Counter(s.params.sla_class or "" for s in seqs)),
+        "running_keys": [route_key(s.request_id) for s in seqs],
+        "finished_requests": stats.finished_requests,
+        "aborted_requests": stats.aborted_requests,
+        **{name: getattr(stats, name) for name in COUNTERS},
+        "draft_window": engine.gamma,
+        "adaptive_verify": engine.cost_table is not None and engine.config.scheduler in SCHEDULED_MODES,
         "draft_budget": draft_budget(engine),
-        "sps_table": sps_table(engine),
+        "sps_table": None
+        if table is None
+        else [[b, round(r, 3)] for b, r in zip(table.points, table.smoothed)],
         "prefix_cache": prefix_cache(engine),
     }
 

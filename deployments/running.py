@@ -5,6 +5,10 @@ own (the label plus a random suffix), so two requests that share a label (a retr
 or the same id sent through two ingress replicas) never collide in the engine, and each streams apart.
 Abort(label) stops all of them. Every ingress replica fans Abort out to every target replica
 (Frontend.abort), so it needs no memory of which ingress admitted the request.
+
+The suffix is the request's route key when the SLA router placed it (router/policy.py Newcomer.key):
+the routing stats list the keys of what the engine runs, so a router can tell exactly which of the
+requests it sent a snapshot already counts.
 """
 
 from __future__ import annotations
@@ -16,9 +20,14 @@ import uuid
 ABORTED = object()
 
 
-def engine_request_id(label: str) -> str:
+def engine_request_id(label: str, key: str | None = None) -> str:
     """A fresh engine id for a request labelled `label`; readable in logs, unique per request."""
-    return f"{label}.{uuid.uuid4().hex[:12]}"
+    return f"{label}.{key or uuid.uuid4().hex[:12]}"
+
+
+def route_key(engine_id: str) -> str:
+    """The unique suffix of an engine id (the route key of a routed request)."""
+    return engine_id.rsplit(".", 1)[-1]
 
 
 class RunningRequests:

@@ -43,6 +43,7 @@ from dspark.draft_budget import DraftBudget
 from dspark.errors import InvalidRequestError
 from dspark.outputs import SpeculationStats
 from dspark.sampling_params import SamplingParams
+from router.policy import Newcomer
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("deployments.sglang_replica")
@@ -85,10 +86,12 @@ class SGLangReplica:
         request_id: str,
         trace_context: dict[str, str] | None = None,
         operation: str = TEXT_COMPLETION,
+        route: Newcomer | None = None,
     ) -> AsyncIterator[StreamEvent]:
         """Stream one request; cancelling this call (client gone) or `abort(request_id)` aborts it inside
         SGLang. `request_id` is the client's label; SGLang sees a unique rid of ours. `trace_context`: the
-        caller's W3C context, which this request's span continues; `operation`: the GenAI operation."""
+        caller's W3C context, which this request's span continues; `operation`: the GenAI operation;
+        `route`: what the SLA router read to place the request (router/serve_router.py), unused here."""
         # SGLang aborts by rid PREFIX (scheduler.py: req.rid.startswith(rid)); fixed-length uuids never
         # prefix one another, whatever ids clients choose.
         rid = uuid.uuid4().hex

@@ -127,7 +127,15 @@ class Engine:
             raise RuntimeError("profiling overwrites the KV cache: only while no request is running")
         self.pages.clear_cache()  # the cached prompt pages are about to be overwritten
         config = self.config
-        shape = ProfileShape(
+        self.cost_table = load_or_profile(
+            self.runner, config.model, self.cost_table_shape(), config.cost_table_dir, force
+        )
+        return self.cost_table
+
+    def cost_table_shape(self) -> ProfileShape:
+        """What this engine's forwards look like, for profiling SPS(B) (and keying its cache)."""
+        config = self.config
+        return ProfileShape(
             max_tokens=config.max_num_batched_tokens,
             max_seqs=config.max_num_seqs,
             gamma=config.num_speculative_tokens,
@@ -139,8 +147,6 @@ class Engine:
             coarse=config.cost_table_profile == "coarse",
             tensor_parallel_size=self.tp.world,
         )
-        self.cost_table = load_or_profile(self.runner, config.model, shape, config.cost_table_dir, force)
-        return self.cost_table
 
     # ---- requests -------------------------------------------------------------------------------
 

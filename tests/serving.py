@@ -30,6 +30,8 @@ ENGINE = {
     "scheduler": "fixed",
     "num_kv_pages": 128,
     "max_num_seqs": 8,
+    # The SLA router's replicas profile SPS(B) at start when the engine has no table: coarsely here.
+    "cost_table_profile": "coarse",
 }
 
 

@@ -63,6 +63,10 @@ class RequestSpan:
         if self.recording:
             self.span.set_attributes(attributes)
 
+    def add_event(self, name: str, attributes: Attributes) -> None:
+        if self.recording:
+            self.span.add_event(name, attributes)
+
     def carrier(self) -> dict[str, str] | None:
         """This span's context for the next hop as W3C headers; None when it is not recorded."""
         if not self.recording:

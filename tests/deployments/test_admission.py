@@ -17,8 +17,11 @@ from deployments.app import build_app
 def test_full_kv_cache_is_a_429_with_retry_hint(serve_stack):
     # 31 blocks of 16 tokens: one running request of ~485 tokens leaves no room for a second.
     engine = {**ENGINE, "num_kv_pages": 31}
+    # The engine's own refusal, behind Serve's default router: the SLA router would refuse first, from
+    # its predictions (tests/router/test_serve_router.py); this is the last line, for requests that
+    # reach a full replica anyway (several ingress routers deciding at once).
     serve.run(
-        build_app(app_args(serve_stack.model_dir, engine=engine, num_replicas=1)),
+        build_app(app_args(serve_stack.model_dir, engine=engine, num_replicas=1, router="pow2")),
         name="small",
         route_prefix="/small",
     )

@@ -77,3 +77,62 @@ def test_replica_resources_are_custom_only():
         AppConfig(model="m", replica_resources={"GPU": 1})
     with pytest.raises(pydantic.ValidationError, match="'slot' must be >= 0"):
         AppConfig(model="m", replica_resources={"slot": -1})
+
+
+def _router_config(args: dict):
+    """The RequestRouterConfig build_app gives the target replicas."""
+    replica = build_app(args)._bound_deployment.init_args[0]._bound_deployment
+    return replica._deployment_config.request_router_config
+
+
+def test_the_sla_router_is_the_default_and_serves_routers_are_one_word_away(qwen3_dir):
+    sla = _router_config({"model": str(qwen3_dir), "router_options": {"seed": 3, "tie_margin": 0.1}})
+    assert sla.request_router_class == "router.serve_router:SLARequestRouter"
+    assert sla.request_routing_stats_period_s == 0.25  # sub-second: Serve's 10 s is too slow for LLM load
+    kwargs = sla.request_router_kwargs
+    assert kwargs["default_class"] == "standard" and set(kwargs["classes"]) == {
+        "interactive",
+        "standard",
+        "batch",
+    }
+    assert kwargs["options"] == {"tie_margin": 0.1, "stale_after_s": 1.0} and kwargs["seed"] == 3
+    pow2 = _router_config({"model": str(qwen3_dir), "router": "pow2"})
+    assert pow2.request_router_class == "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"
+    robin = _router_config({"model": str(qwen3_dir), "router": "round_robin", "routing_stats_period_s": 2.0})
+    assert robin.request_router_class == "ray.serve.experimental.round_robin_router:RoundRobinRouter"
+    assert robin.get_request_router_class().__name__ == "RoundRobinRouter"
+
+
+def test_sla_classes_are_checked_by_name():
+    classes = {"gold": {"ttft_ms": 200, "tpot_ms": 20, "may_shed": True}}
+    assert (
+        AppConfig(model="m", sla_classes=classes, default_sla_class="gold").sla_classes["gold"].priority == 0
+    )
+    with pytest.raises(pydantic.ValidationError, match="default_sla_class: 'standard' is not one of"):
+        AppConfig(model="m", sla_classes=classes)
+    with pytest.raises(pydantic.ValidationError, match="tpot_ms"):
+        AppConfig(model="m", sla_classes={"gold": {"ttft_ms": 200}}, default_sla_class="gold")
+    with pytest.raises(pydantic.ValidationError, match="router_options: unknown option 'margin'"):
+        AppConfig(model="m", router_options={"margin": 1})
+    with pytest.raises(pydantic.ValidationError, match="router_options: tie_margin must be >= 0"):
+        AppConfig(model="m", router_options={"tie_margin": -1})
+    with pytest.raises(pydantic.ValidationError, match="router"):
+        AppConfig(model="m", router="least_loaded")
+
+
+def test_engine_options_by_rank_make_heterogeneous_replicas(qwen3_dir):
+    config = AppConfig(
+        model="m", engine={"max_num_seqs": 8}, engine_by_rank=[{}, {"max_num_seqs": 4, "drafter": "none"}]
+    )
+    assert [e.max_num_seqs for e in config.engine_configs()] == [8, 4]
+    assert config.engine_config(3).drafter == "none" and config.engine_config(2).max_num_seqs == 8
+    with pytest.raises(pydantic.ValidationError, match=r"engine_by_rank\[1\]: .*no_such_option"):
+        AppConfig(model="m", engine_by_rank=[{}, {"no_such_option": 1}])
+    with pytest.raises(pydantic.ValidationError, match="max_num_seqs"):
+        AppConfig(model="m", engine_by_rank=[{"max_num_seqs": 0}])
+    # Serve admits as many requests per replica as the largest engine takes; the router keeps to each.
+    app = build_app({"model": str(qwen3_dir), "engine_by_rank": [{"max_num_seqs": 3}, {"max_num_seqs": 5}]})
+    replica = app._bound_deployment.init_args[0]._bound_deployment
+    assert replica._deployment_config.max_ongoing_requests == 5
+    # The router's settings stay out of the replicas' arguments (changing them restarts no replica).
+    assert "router" not in replica.init_args[0] and "sla_classes" not in replica.init_args[0]

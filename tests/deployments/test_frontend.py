@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from deployments.config import AppConfig
 from deployments.errors import UnauthorizedError
@@ -13,6 +17,10 @@ from deployments.frontend import Frontend
 from deployments.validation import Limits, chat_request, completion_request
 from dspark.errors import InvalidRequestError
 from dspark.outputs import SpeculationStats
+from dspark.telemetry.semconv import TEXT_COMPLETION
+from dspark.telemetry.spans import RequestSpan
+from router import decisions
+from router.policy import Candidate, Decision, Prediction, ReplicaState
 
 
 class FakeSource:
@@ -189,3 +197,71 @@ def test_a_stream_left_early_cancels_its_source(qwen3_dir):
 
     asyncio.run(run())
     assert fe.replica.sources[0].cancelled
+
+
+class RoutingReplica(FakeReplica):
+    """FakeReplica plus what the SLA router does in the ingress process when Serve routes a call: it
+    records its decision under the call's route key (router/serve_router.py) and the replica it chose."""
+
+    def __init__(self, decision: Decision) -> None:
+        super().__init__()
+        self.decision = decision
+
+    def remote(self, *args, **kwargs):
+        if args:
+            decisions.record(kwargs["route"].key, self.decision, placed_on="r2")
+        return super().remote(*args, **kwargs)
+
+
+def test_route_decision_is_an_event_of_the_request_span(qwen3_dir):
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    best = Prediction(ttft_s=0.05, tpot_s=0.02, tpot_others_s=0.021, slack=0.4)
+    other = Prediction(ttft_s=0.2, tpot_s=0.03, tpot_others_s=0.035, slack=0.1)
+    decision = Decision(
+        action="route",
+        ranking=("r2", "r1"),
+        reason="most slack",
+        candidates=(
+            Candidate(ReplicaState("r2", None, running=1), 0, best),
+            Candidate(ReplicaState("r1", None, running=3), 0, other),
+        ),
+        excluded={"r3": "kv"},
+    )
+    fe = Frontend(RoutingReplica(decision), AppConfig(model=str(qwen3_dir)))
+
+    async def run() -> list:
+        span = RequestSpan(provider.get_tracer("test"), TEXT_COMPLETION, fe.model_name)
+        stream = await fe.open(request(), span)
+        return [e async for e in stream.events()]
+
+    asyncio.run(run())
+    (span,) = exporter.get_finished_spans()
+    (event,) = [e for e in span.events if e.name == decisions.EVENT]
+    attrs = dict(event.attributes)
+    assert attrs["dspark.route.action"] == "route"
+    assert attrs["dspark.route.reason"] == "most slack"
+    assert list(attrs["dspark.route.ranking"]) == ["r2", "r1"]
+    assert attrs["dspark.route.placed_on"] == "r2"
+    assert json.loads(attrs["dspark.route.excluded"]) == {"r3": "kv"}
+    assert json.loads(attrs["dspark.route.scores"]) == {
+        "r2": {
+            "tier": "fresh",
+            "load": 1,
+            "ttft_ms": 50.0,
+            "tpot_ms": 20.0,
+            "tpot_others_ms": 21.0,
+            "slack": 0.4,
+        },
+        "r1": {
+            "tier": "fresh",
+            "load": 3,
+            "ttft_ms": 200.0,
+            "tpot_ms": 30.0,
+            "tpot_others_ms": 35.0,
+            "slack": 0.1,
+        },
+    }
+    assert "dspark.route.retry_after_s" not in attrs
+    assert decisions.pop(fe.replica.calls[0][1]["route"].key) is None  # collected once, not left behind

@@ -12,7 +12,7 @@ from serving import ENGINE, wait_until
 
 from deployments.grpc_api import _final
 from deployments.replica import TargetReplica
-from deployments.replica_state import TauWindow
+from deployments.replica_state import RecentRounds
 from dspark.errors import EngineDeadError, InvalidRequestError
 from dspark.prefix_cache import cached_prefix_tokens
 from dspark.sampling_params import SamplingParams
@@ -81,11 +81,17 @@ def test_routing_stats_and_tau_window(replica):
     assert after["draft_budget"]["max_step_tokens"] is None and after["healthy"]
 
 
-def test_tau_window_keeps_its_value_when_idle():
-    tau = TauWindow()
-    assert tau.update(rounds=4, accepted=4) == 2.0
-    assert tau.update(rounds=4, accepted=4) == 2.0  # idle: unchanged
-    assert tau.update(rounds=6, accepted=4) == 1.0  # two rounds, nothing accepted
+def test_recent_rounds_keep_their_values_when_idle():
+    recent = RecentRounds()
+    first = recent.update(4, accepted_tokens=4, drafted_tokens=8, step_time_s=3.0, forward_time_s=2.0)
+    assert first == {"recent_tau": 2.0, "mean_verified": 2.0, "step_overhead": 1.5}
+    assert recent.update(4, 4, 8, 3.0, 2.0) == first  # idle: unchanged
+    # Two rounds, nothing accepted of 2 drafts; steps took as long as their forwards.
+    assert recent.update(6, 4, 10, 4.0, 3.0) == {
+        "recent_tau": 1.0,
+        "mean_verified": 1.0,
+        "step_overhead": 1.0,
+    }
 
 
 def test_set_draft_budget_while_serving(replica):

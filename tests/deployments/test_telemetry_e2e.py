@@ -22,6 +22,8 @@ import dspark_client
 from dspark.telemetry import semconv as sc
 from dspark.telemetry.dump import format_trace, traces
 from dspark.telemetry.receiver import OTLPReceiver
+from router import decisions
+from router.sla import DEFAULT_CLASS
 
 PROMPT = "def parse_args(argv):"
 MAX_TOKENS = 16
@@ -80,12 +82,19 @@ def check_request(
         assert a[sc.VERIFIED_TOKENS] == speculation["drafted_tokens"]
         assert a[sc.ACCEPTED_TOKENS] == speculation["accepted_tokens"]
         assert a[sc.MEAN_ACCEPT_LENGTH] == pytest.approx(speculation["mean_accept_length"], abs=1e-4)
-        assert (a[sc.DRAFTER], a[sc.BLOCK_LENGTH], a[sc.SLA_CLASS]) == ("ngram", 4, "default")
+        # No request named an SLA class: each ran under the app's default one (router/sla.py).
+        assert (a[sc.DRAFTER], a[sc.BLOCK_LENGTH], a[sc.SLA_CLASS]) == ("ngram", 4, DEFAULT_CLASS)
         assert a[sc.TIME_TO_FIRST_TOKEN] > 0 and a[sc.TIME_PER_OUTPUT_TOKEN] > 0
         if "proposed_tokens" in speculation:  # the HTTP body carries all of them
             assert a[sc.DRAFTED_TOKENS] == speculation["proposed_tokens"]
             assert a[sc.ACCEPTED_BY_POSITION] == (speculation["accepted_by_position"] + [0] * 4)[:4]
     assert ingress.attributes[sc.GEN_AI_RESPONSE_ID] == response_id
+    # The SLA router's decision, with its scores, is an event of the ingress's span (one replica here).
+    (route,) = [attrs for name, _, attrs in ingress.events if name == decisions.EVENT]
+    assert route["dspark.route.action"] == "route"
+    assert list(route["dspark.route.ranking"]) == [route["dspark.route.placed_on"]]
+    (scores,) = json.loads(route["dspark.route.scores"]).values()
+    assert scores["tier"] in ("fresh", "stale", "unknown") and scores["load"] >= 0
     # Every speculation attribute on the replica's span reached the ingress's, unchanged.
     dspark = {k: v for k, v in replica.attributes.items() if k.startswith("dspark.") and k != sc.REPLICA_ID}
     assert {k: ingress.attributes[k] for k in dspark if k != sc.REQUEST_ID} == {

@@ -1,0 +1,429 @@
+"""Routing under SLA load: Ray Serve's power-of-two and round-robin routers against the SLA router.
+
+Real Ray Serve on this machine: one ingress and two target replicas (build_app, the gRPC surface), in
+two settings:
+  heterogeneous: replica 0 runs the drafter at a fixed block (--drafter, --num-speculative-tokens,
+                 scheduler fixed), replica 1 runs without speculation: one fast replica, one slow;
+  uniform:       both replicas run the drafter (the control: a router should neither win nor lose).
+Arms (`router:` in the app config): pow2 (Serve's default), round_robin (Serve's), sla (ours). One arm
+at a time: the app is redeployed with that router (serve.run from Python gives every deploy a new code
+version, so the replicas restart too: each arm starts on fresh replicas, their SPS tables read from the
+cache), warmed up, then every load point runs --repeats times.
+
+Load (bench/route_workload.py): seeded open-loop Poisson arrivals for --window-s seconds per point, two
+SLA classes (interactive: tight targets, may be refused; batch: loose, never refused), log-normal prompt
+and output lengths, greedy decoding to exactly max_tokens. Load points are fractions of the setting's
+capacity, measured first (closed loop at every replica's max_num_seqs under pow2, requests finished
+per second), so they reach overload on any machine. The interactive TPOT target is, unless given, the
+median TPOT of that measurement in the heterogeneous setting: between what the fast and the slow
+replica deliver at full load, where the choice of replica decides whether it is met. Every arm of a
+setting replays the same schedules (the seed fixes them).
+
+    python bench/route.py --models models            # the full run: ~12 minutes on an idle 2-core box
+    python bench/route.py --models models --quick    # a smoke run: 1 repeat, 2 short load points
+
+Writes bench/results/route.json (settings, per-arm points, summary with the goodput ratios against
+pow2 and the router's decision p99 at 32 replicas from bench/route_decision.py) and route.png
+(attainment against load, one line per arm, one panel per setting).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script from anywhere: deployments/ need not be installed
+sys.path.insert(0, str(REPO / "sdk"))
+
+from bench import route_decision  # noqa: E402
+from bench.route_workload import (  # noqa: E402
+    Arrival,
+    Lengths,
+    Outcome,
+    SlaTarget,
+    goodput,
+    mean_points,
+    schedule,
+    score,
+)
+
+RESULTS = REPO / "bench" / "results"
+APP = "route"
+ARMS = ("pow2", "round_robin", "sla")
+SETTINGS = ("heterogeneous", "uniform")
+TEXT_FILES = ("textwrap.py", "bisect.py", "argparse.py", "json/decoder.py")  # prompt text: stdlib source
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", type=Path, default=REPO / "models", help="holds target/ (and drafters/)")
+    p.add_argument("--drafter", default="dspark")
+    p.add_argument("--num-speculative-tokens", type=int, default=7)
+    p.add_argument("--max-num-seqs", type=int, default=8)
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS)
+    p.add_argument("--load", type=float, nargs="+", default=[0.4, 0.7, 1.0, 1.4], help="x capacity")
+    p.add_argument("--window-s", type=float, default=5.0)
+    p.add_argument("--warmup-s", type=float, default=2.0)
+    p.add_argument("--calibrate-s", type=float, default=6.0)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--interactive-share", type=float, default=0.5)
+    p.add_argument("--interactive-ttft-ms", type=float, default=1500.0)
+    p.add_argument("--interactive-tpot-ms", type=float, default=None, help="default: measured")
+    p.add_argument("--batch-ttft-ms", type=float, default=20000.0)
+    p.add_argument("--batch-tpot-ms", type=float, default=1000.0)
+    p.add_argument("--prompt-median", type=float, default=64)
+    p.add_argument("--output-median", type=float, default=32)
+    p.add_argument("--length-sigma", type=float, default=0.6)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per replica")
+    p.add_argument("--quick", action="store_true", help="smoke run: 1 repeat, 2 load points, short windows")
+    p.add_argument("--out", type=Path, default=RESULTS / "route.json")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.repeats, args.load = 1, [0.5, 1.4]
+        args.window_s, args.warmup_s, args.calibrate_s = 2.0, 1.0, 3.0
+    return args
+
+
+# ---- the stack ------------------------------------------------------------------------------------
+
+
+def app_args(args: argparse.Namespace, setting: str, arm: str, targets: list[SlaTarget]) -> dict:
+    fast = {
+        "drafter": args.drafter,
+        "num_speculative_tokens": args.num_speculative_tokens,
+        "scheduler": "fixed",
+    }
+    by_rank = [fast, {"drafter": "none"}] if setting == "heterogeneous" else [fast]
+    return {
+        "model": str((args.models / "target").resolve()),
+        "num_replicas": 2,
+        "num_ingress_replicas": 1,  # one router: it sees every request (each ingress runs its own)
+        "replica_num_cpus": 0.5,
+        "ingress_num_cpus": 0.25,
+        "torch_num_threads": args.threads,
+        "engine": {"max_num_seqs": args.max_num_seqs, "cost_table_profile": "coarse"},
+        "engine_by_rank": by_rank,
+        "router": arm,
+        "sla_classes": {
+            t.name: {
+                "ttft_ms": t.ttft_s * 1e3,
+                "tpot_ms": t.tpot_s * 1e3,
+                "priority": i,
+                "may_shed": t.name == "interactive",
+            }
+            for i, t in enumerate(targets)
+        },
+        "default_sla_class": "batch",
+        "router_options": {"seed": args.seed},
+    }
+
+
+def start_ray() -> str:
+    import ray
+    from ray import serve
+
+    from deployments.app import GRPC_SERVICERS
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ray.init(
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": f"{REPO}:{REPO / 'sdk'}"}},
+    )
+    serve.start(
+        http_options={"host": "127.0.0.1", "port": 0},
+        grpc_options={"port": port, "grpc_servicer_functions": GRPC_SERVICERS},
+    )
+    return f"127.0.0.1:{port}"
+
+
+def deploy(args: dict) -> None:
+    """(Re)deploy the app and wait until it runs: a new router restarts only the ingress."""
+    from ray import serve
+
+    from deployments.app import build_app
+
+    serve.run(build_app(args), name=APP, route_prefix="/")
+
+
+def finished_by_replica() -> dict[str, int]:
+    from deployments.replicas import routing_stats
+
+    stats = asyncio.run(routing_stats(APP, "TargetReplica"))
+    return {s["replica_id"]: s.get("finished_requests", 0) for s in stats}
+
+
+# ---- load -----------------------------------------------------------------------------------------
+
+
+def token_pool(model_dir: Path) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    text = "\n".join((stdlib / name).read_text(encoding="utf-8") for name in TEXT_FILES)
+    return tokenizer(text)["input_ids"]
+
+
+def prompt_of(pool: list[int], arrival: Arrival, index: int) -> list[int]:
+    start = (index * 7919) % (len(pool) - arrival.prompt_tokens)  # a fixed window per request
+    return pool[start : start + arrival.prompt_tokens]
+
+
+async def one_request(client, pool: list[int], arrival: Arrival, index: int, timeout_s: float) -> Outcome:
+    from dspark_client import DSparkClientError, ResourceExhaustedError
+
+    sent = time.perf_counter()
+    first = last = None
+    tokens = 0
+    try:
+        stream = client.stream(
+            prompt_token_ids=prompt_of(pool, arrival, index),
+            max_tokens=arrival.max_tokens,
+            temperature=0.0,
+            ignore_eos=True,
+            sla_class=arrival.sla_class,
+            timeout=timeout_s,
+        )
+        async with stream:
+            async for delta in stream:
+                if delta.token_ids:
+                    last = time.perf_counter()
+                    first = first or last
+                    tokens += len(delta.token_ids)
+    except ResourceExhaustedError:
+        return Outcome(arrival, "refused")
+    except (DSparkClientError, asyncio.TimeoutError):
+        return Outcome(arrival, "error", tokens=tokens)
+    if first is None:
+        return Outcome(arrival, "error")
+    tpot = (last - first) / (tokens - 1) if tokens > 1 else None
+    return Outcome(arrival, "ok", first - sent, tpot, tokens)
+
+
+async def open_loop(target: str, pool: list[int], arrivals: list[Arrival], timeout_s: float) -> list[Outcome]:
+    """Each request starts at its arrival time, whatever is still running (open loop)."""
+    from dspark_client import NO_RETRY, AsyncClient
+
+    async with AsyncClient(target, application=APP, retry=NO_RETRY) as client:
+        start = time.perf_counter()
+
+        async def at(index: int, arrival: Arrival) -> Outcome:
+            await asyncio.sleep(max(0.0, start + arrival.at_s - time.perf_counter()))
+            return await one_request(client, pool, arrival, index, timeout_s)
+
+        return list(await asyncio.gather(*(at(i, a) for i, a in enumerate(arrivals))))
+
+
+async def closed_loop(
+    target: str, pool: list[int], arrivals: list[Arrival], concurrency: int, seconds: float
+) -> tuple[float, list[Outcome]]:
+    """Requests finished per second with `concurrency` always in flight, and their outcomes."""
+    from dspark_client import NO_RETRY, AsyncClient
+
+    outcomes: list[Outcome] = []
+    async with AsyncClient(target, application=APP, retry=NO_RETRY) as client:
+        start = time.perf_counter()
+        queue = iter(enumerate(arrivals))
+
+        async def worker() -> None:
+            for index, arrival in queue:
+                if time.perf_counter() - start >= seconds:
+                    return
+                outcomes.append(await one_request(client, pool, arrival, index, 120.0))
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - start
+    return sum(o.status == "ok" for o in outcomes) / elapsed, outcomes
+
+
+# ---- the run --------------------------------------------------------------------------------------
+
+
+def run_setting(args, setting: str, target: str, pool: list[int], targets: list[SlaTarget], log) -> dict:
+    prompt = Lengths(args.prompt_median, args.length_sigma, 4, 4 * int(args.prompt_median))
+    output = Lengths(args.output_median, args.length_sigma, 2, 4 * int(args.output_median))
+    # Capacity, under Serve's default router (the arms' loads are fractions of it); the pow2 arm then
+    # runs on this deployment (it reads no SLA targets, so measuring them later changes nothing there).
+    deploy(app_args(args, setting, "pow2", targets))
+    calibration = schedule(1.0, 4000.0, targets, prompt, output, args.seed)  # only the requests count
+    concurrency = 2 * args.max_num_seqs
+    asyncio.run(closed_loop(target, pool, calibration, concurrency, 1.0))  # warm: first calls, tables
+    capacity, outcomes = asyncio.run(closed_loop(target, pool, calibration, concurrency, args.calibrate_s))
+    tpots = [o.tpot_s for o in outcomes if o.tpot_s is not None]
+    median_tpot = statistics.median(tpots) if tpots else None
+    rates = [round(capacity * x, 3) for x in args.load]
+    log(f"{setting}: capacity {capacity:.2f} req/s, median TPOT at it {median_tpot}, rates {rates}")
+    if args.interactive_tpot_ms is None and setting == args.settings[0] and median_tpot:
+        targets[0] = SlaTarget("interactive", targets[0].share, targets[0].ttft_s, median_tpot)
+        log(f"interactive TPOT target: {median_tpot * 1e3:.1f} ms (measured)")
+    result: dict = {
+        "capacity_rps": round(capacity, 3),
+        "median_tpot_ms_at_capacity": median_tpot and round(median_tpot * 1e3, 2),
+        "rates_rps": rates,
+        "arms": {},
+    }
+    for arm in sorted(args.arms, key=lambda a: a != "pow2"):
+        if arm != "pow2":
+            deploy(app_args(args, setting, arm, targets))
+        warm = schedule(rates[0], args.warmup_s, targets, prompt, output, args.seed + 999)
+        asyncio.run(open_loop(target, pool, warm, timeout_s=60.0))
+        before = finished_by_replica()
+        repeats = []
+        for r in range(args.repeats):
+            points = []
+            for k, rate in enumerate(rates):
+                arrivals = schedule(
+                    rate, args.window_s, targets, prompt, output, args.seed * 1000 + 10 * k + r
+                )
+                outcomes = asyncio.run(open_loop(target, pool, arrivals, timeout_s=60.0))
+                points.append(
+                    {"rate_rps": rate, "load": args.load[k], **score(outcomes, targets, args.window_s)}
+                )
+                log(f"{setting} {arm} repeat {r} rate {rate}: {points[-1]}")
+            repeats.append(points)
+        after = finished_by_replica()
+        points = mean_points(repeats)
+        result["arms"][arm] = {
+            "points": points,
+            "goodput_rps": goodput(points),
+            "goodput_rps_by_repeat": [goodput(p) for p in repeats],
+            "finished_by_replica": {rid: after[rid] - before.get(rid, 0) for rid in after},
+        }
+    return result
+
+
+def summary(settings: dict, decision: dict) -> dict:
+    def ratio(setting: str) -> float | None:
+        arms = settings.get(setting, {}).get("arms", {})
+        if "sla" not in arms or "pow2" not in arms:
+            return None
+        base = arms["pow2"]["goodput_rps"]
+        return round(arms["sla"]["goodput_rps"] / base, 3) if base > 0 else None
+
+    return {
+        "goodput_ratio_vs_pow2_heterogeneous": ratio("heterogeneous"),
+        "goodput_ratio_vs_pow2_uniform": ratio("uniform"),
+        "decision_p99_ms_32_replicas": decision["cases"]["periodic"]["32"]["p99_ms"],
+        "decision_cpu_p99_ms_32_replicas": decision["cases"]["periodic"]["32"]["cpu_p99_ms"],
+        "targets": {
+            "goodput_ratio_vs_pow2_heterogeneous": ">= 1.2",
+            "goodput_ratio_vs_pow2_uniform": "within 0.97..1.03",
+            "decision_p99_ms_32_replicas": "<= 2",
+        },
+    }
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    measured = result["settings"]["measured"]
+    fig, axes = plt.subplots(1, len(measured), figsize=(5.5 * len(measured), 4), squeeze=False)
+    for ax, (name, setting) in zip(axes[0], measured.items()):
+        for arm, by_setting in result["arms"].items():
+            points = by_setting[name]["points"]
+            xs = [p["rate_rps"] for p in points]
+            ax.plot(xs, [p["attainment"] for p in points], marker="o", label=arm)
+        ax.axhline(0.9, color="grey", linestyle=":", linewidth=1)
+        ax.set(title=f"{name} (capacity {setting['capacity_rps']} req/s)", xlabel="offered load (req/s)")
+        ax.set(ylabel="SLA attainment", ylim=(0, 1.05))
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    began = time.perf_counter()
+
+    def log(message: str) -> None:
+        print(f"[{time.perf_counter() - began:6.1f}s] {message}", flush=True)
+
+    targets = [
+        # Until measured (run_setting), a target nothing misses.
+        SlaTarget(
+            "interactive",
+            args.interactive_share,
+            args.interactive_ttft_ms / 1e3,
+            (args.interactive_tpot_ms or 60_000.0) / 1e3,
+        ),
+        SlaTarget("batch", 1 - args.interactive_share, args.batch_ttft_ms / 1e3, args.batch_tpot_ms / 1e3),
+    ]
+    pool = token_pool(args.models / "target")
+    decision = route_decision.run(
+        replicas=(1, 8, 32, 128), decisions=300 if args.quick else 2000, seed=args.seed
+    )
+    log(f"decision p99 at 32 replicas: {decision['p99_ms_32_replicas']} ms")
+    target = start_ray()
+    settings: dict = {}
+    try:
+        for setting in args.settings:
+            settings[setting] = run_setting(args, setting, target, pool, targets, log)
+    finally:
+        import ray
+        from ray import serve
+
+        serve.shutdown()
+        ray.shutdown()
+    fast = f"{args.drafter} drafter, fixed block {args.num_speculative_tokens}"
+    result = {
+        "command": "python bench/route.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "load_avg_1m_at_end": round(os.getloadavg()[0], 2),  # other work skews every arm
+            "wall_s": round(time.perf_counter() - began, 1),
+        },
+        "settings": {
+            "replicas": 2,
+            "heterogeneous": f"rank 0: {fast}; rank 1: no drafter",
+            "uniform": f"both: {fast}",
+            "max_num_seqs": args.max_num_seqs,
+            "load_x_capacity": args.load,
+            "window_s": args.window_s,
+            "warmup_s": args.warmup_s,
+            "repeats": args.repeats,
+            "classes": {
+                t.name: {"share": t.share, "ttft_ms": t.ttft_s * 1e3, "tpot_ms": round(t.tpot_s * 1e3, 2)}
+                for t in targets
+            },
+            "prompt_tokens": {"median": args.prompt_median, "sigma": args.length_sigma},
+            "output_tokens": {"median": args.output_median, "sigma": args.length_sigma},
+            "seed": args.seed,
+            "quick": args.quick,
+            "measured": {s: {k: v for k, v in settings[s].items() if k != "arms"} for s in settings},
+        },
+        "arms": {arm: {s: settings[s]["arms"][arm] for s in settings} for arm in args.arms},
+        "decision": decision,
+    }
+    result["summary"] = summary(settings, decision)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, args.out.with_suffix(".png"))
+    log(f"summary: {json.dumps(result['summary'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""How long the SLA router takes to decide, from 1 to 256 replicas (synthetic replica states, no Ray).
+
+Times the path Serve runs for each request (router/serve_router.py minus Serve itself):
+Balancer.decide over every replica's routing stats, i.e. stats -> states (ledger applied) -> filters ->
+predictions -> pick -> the decision registry. Replicas alternate between a speculative one (an
+adaptive verify length over a 12-point SPS table, draft window 7) and a plain one; their loads, KV room,
+tokens left and classes are drawn from a seed. Each decision's request enters the ledger and the one
+decided `in_flight` decisions earlier completes, so the ledger stays at a realistic size.
+
+Decisions come 1 ms apart (1000 requests/s into one router). Three cases:
+  cached:   the replicas' stats never change; the policy's per-Speed memo answers most lookups.
+  periodic: each replica publishes new stats every 0.25 s (the app's default period), staggered, so a
+            few decisions parse a replica's new stats (the case a deployment sees).
+  fresh:    every replica publishes new stats before every decision (the worst case): each is parsed
+            and its acceptance refitted again.
+
+Both wall time and the thread's CPU time are recorded: on a shared machine wall time includes
+preemption by other processes (the p99 especially), CPU time does not; on an idle one they agree.
+
+    python bench/route_decision.py [--decisions 2000] [--replicas 1 2 4 8 16 32 64 128 256]
+
+Writes bench/results/route_decision.json; bench/route.py puts the 32-replica p99 in its summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from router.balancer import Balancer  # noqa: E402
+from router.policy import Newcomer, PolicyConfig  # noqa: E402
+from router.sla import DEFAULT_CLASS, DEFAULT_CLASSES, classes_of  # noqa: E402
+
+RESULTS = REPO / "bench" / "results"
+REPLICAS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)  # SPS table points, as engines profile
+
+
+def synthetic_stats(index: int, rng: random.Random, ts: float) -> dict:
+    """One replica's routing stats, shaped as TargetReplica.record_routing_stats publishes them."""
+    speculative = index % 2 == 0
+    max_num_seqs = 32
+    running = rng.randint(0, max_num_seqs - 4)
+    queued = rng.randint(0, 3)
+    total_pages = 2048
+    remaining = sorted(rng.randint(1, 512) for _ in range(running + queued))
+    base_sps = rng.uniform(150.0, 250.0)
+    return {
+        "ts": ts,
+        "running_requests": running,
+        "queued_requests": queued,
+        "queued_prefill_tokens": queued * rng.randint(16, 512),
+        "kv_unreserved_pages": rng.randint(0, total_pages),
+        "kv_total_pages": total_pages,
+        "kv_page_size": 16,
+        "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": 2048,
+        "remaining_tokens": remaining[:64],
+        "running_by_class": {"interactive": running // 2, "batch": running - running // 2},
+        "running_keys": [f"k{index}-{j}" for j in range(running + queued)],
+        "recent_tau": rng.uniform(2.5, 4.5) if speculative else 1.0,
+        "mean_verified": rng.uniform(4.0, 7.0) if speculative else 0.0,
+        "step_overhead": rng.uniform(1.0, 1.3),
+        "draft_window": 7 if speculative else 0,
+        "adaptive_verify": speculative,
+        "draft_budget": {"max_step_tokens": None, "max_request_tokens": 7, "max_request_tokens_by_class": {}},
+        "sps_table": [[b, round(base_sps / (1 + b / 256), 3)] for b in POINTS],
+        "healthy": True,
+    }
+
+
+CASES = {"cached": None, "periodic": 250, "fresh": 1}  # a replica's stats change every N decisions
+
+
+def measure(
+    num_replicas: int, decisions: int, refresh_every: int | None, seed: int = 0, in_flight: int = 64
+) -> dict[str, float]:
+    """Decision times (ms) over `decisions` requests of the two classes at `num_replicas` replicas."""
+    rng = random.Random(seed)
+    slas = classes_of(DEFAULT_CLASSES)
+    balancer = Balancer(PolicyConfig(stale_after_s=1.0), slas, DEFAULT_CLASS, seed=seed)
+    now = 1_000.0
+    stats = {f"r{i}": synthetic_stats(i, rng, now) for i in range(num_replicas)}
+    requests = [
+        Newcomer(rng.randint(16, 1024), rng.randint(16, 512), slas[rng.choice(("interactive", "batch"))])
+        for _ in range(256)
+    ]
+    times, cpu, keys = [], [], []
+    for n in range(decisions):
+        now += 0.001
+        if refresh_every is not None:
+            stale = [
+                i for i in range(num_replicas) if (n + i * refresh_every // num_replicas) % refresh_every == 0
+            ]
+            stats = stats | {f"r{i}": {**stats[f"r{i}"], "ts": now} for i in stale}
+        request = requests[n % len(requests)]
+        key = f"q{n}"
+        start, start_cpu = time.perf_counter_ns(), time.thread_time_ns()
+        decision = balancer.decide(request, key, stats, now)
+        cpu.append((time.thread_time_ns() - start_cpu) / 1e6)
+        times.append((time.perf_counter_ns() - start) / 1e6)
+        if decision.action == "route":
+            balancer.routed(decision.ranking[0], key, request, now)
+            keys.append((decision.ranking[0], key))
+        if len(keys) > in_flight:
+            balancer.completed(*keys.pop(0), now)
+    return {**_quantiles(times, ""), **_quantiles(cpu, "cpu_")}
+
+
+def _quantiles(values: list[float], prefix: str) -> dict[str, float]:
+    values = sorted(values)
+    return {
+        f"{prefix}p50_ms": round(values[len(values) // 2], 4),
+        f"{prefix}p99_ms": round(values[int(len(values) * 0.99)], 4),
+        f"{prefix}max_ms": round(values[-1], 4),
+        f"{prefix}mean_ms": round(statistics.fmean(values), 4),
+    }
+
+
+def run(replicas: tuple[int, ...] = REPLICAS, decisions: int = 2000, seed: int = 0) -> dict:
+    by_case = {
+        case: {str(n): measure(n, decisions, every, seed) for n in replicas} for case, every in CASES.items()
+    }
+    # Linear or better: time per replica should not grow with the replica count (CPU time: preemption
+    # by other processes would blur it).
+    per_replica = {
+        case: {n: round(v["cpu_mean_ms"] / int(n), 5) for n, v in points.items()}
+        for case, points in by_case.items()
+    }
+    return {
+        "command": "python bench/route_decision.py " + " ".join(sys.argv[1:]),
+        "machine": {"platform": platform.platform(), "python": platform.python_version()},
+        "decisions_per_point": decisions,
+        "cases": by_case,
+        "cpu_mean_ms_per_replica": per_replica,
+        "p99_ms_32_replicas": {case: points.get("32", {}).get("p99_ms") for case, points in by_case.items()},
+        "cpu_p99_ms_32_replicas": {
+            case: points.get("32", {}).get("cpu_p99_ms") for case, points in by_case.items()
+        },
+        "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
+        "target": "p99 <= 2 ms at 32 replicas; linear or better in replicas",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--decisions", type=int, default=2000)
+    parser.add_argument("--replicas", type=int, nargs="+", default=list(REPLICAS))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=RESULTS / "route_decision.json")
+    args = parser.parse_args(argv)
+    result = run(tuple(args.replicas), args.decisions, args.seed)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print("p50 / p99 ms (CPU time in brackets) by replicas")
+    for case in CASES:
+        for n in args.replicas:
+            v = result["cases"][case][str(n)]
+            print(
+                f"{case:8s} {n:4d}  {v['p50_ms']:7.3f} {v['p99_ms']:7.3f}"
+                f"   [{v['cpu_p50_ms']:7.3f} {v['cpu_p99_ms']:7.3f}]"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

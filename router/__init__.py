@@ -1,0 +1,7 @@
+"""SLA- and speculation-aware load balancing across target replicas.
+
+policy.py (pure: predict each replica's TTFT/TPOT for a request and pick one), signals.py (pushed stats
+merged with the router's own accounting), sla.py (SLA classes and how a request picks one),
+balancer.py (the state between decisions), decisions.py (decisions waiting for their trace), and
+serve_router.py (the Ray Serve RequestRouter that applies it all).
+"""

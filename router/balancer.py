@@ -1,0 +1,104 @@
+"""The SLA router's state between decisions, without Ray: parsed stats per replica, the ledger, the RNG.
+
+serve_router.py feeds it what Serve hands a RequestRouter (each replica's routing_stats, the routed and
+completed callbacks) and returns its rankings to Serve. Serve calls it from its routing thread and from
+completion callbacks, so every entry point takes one lock; decide() is a few hundred microseconds.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from router import decisions
+from router.policy import Decision, Newcomer, PolicyConfig, ReplicaState, Sla, decide
+from router.signals import Ledger, replica_state, speed_of
+
+
+@dataclass
+class _Parsed:
+    """One replica's stats version, parsed once: the speed fit is the costly part."""
+
+    version: object  # the stats' `ts`
+    snapshot_at: float
+    state: ReplicaState
+    held: frozenset[str]  # the route keys the snapshot's engine runs
+
+
+class Balancer:
+    def __init__(
+        self,
+        config: PolicyConfig,
+        classes: Mapping[str, Sla],
+        default_class: str,
+        prior_acceptance: float = 0.5,
+        seed: int = 0,
+    ) -> None:
+        self.config = config
+        self.classes = dict(classes)
+        self.default = self.classes[default_class]
+        self.prior_acceptance = prior_acceptance
+        self.ledger = Ledger()
+        self._rng = random.Random(seed)
+        self._parsed: dict[str, _Parsed] = {}
+        self._lock = threading.Lock()
+
+    def decide(
+        self, newcomer: Newcomer, key: str, stats: Mapping[str, Mapping | None], now: float
+    ) -> Decision:
+        """Rank the replicas for `newcomer`; `stats` maps replica id -> its latest routing stats.
+
+        A routed request enters the ledger at once (tentatively), so a burst decided before Serve
+        confirms any of it does not all land on the same replica; one decided again withdraws its
+        earlier, unconfirmed choice first (router/signals.py).
+        """
+        with self._lock:
+            self.ledger.withdraw(key)
+            states = [self._state(rid, s, now) for rid, s in stats.items()]
+            decision = decide(states, newcomer, self.config, self._rng)
+            if decision.action == "route":
+                first = decision.ranking[0]
+                self.ledger.sent(first, key, newcomer, self._page_size(first), now)
+        decisions.record(newcomer.key, decision)
+        return decision
+
+    def routed(self, replica_id: str, key: str, newcomer: Newcomer, now: float) -> None:
+        with self._lock:
+            self.ledger.routed(replica_id, key, newcomer, self._page_size(replica_id), now)
+        decisions.placed(newcomer.key, replica_id)
+
+    def completed(self, replica_id: str, key: str, now: float) -> None:
+        with self._lock:
+            self.ledger.completed(replica_id, key, now)
+
+    def forget(self, replica_id: str) -> None:
+        with self._lock:
+            self.ledger.forget(replica_id)
+            self._parsed.pop(replica_id, None)
+
+    def states(self, stats: Mapping[str, Mapping | None], now: float) -> list[ReplicaState]:
+        """What decide() would see now (for tests and the admin view)."""
+        with self._lock:
+            return [self._state(rid, s, now) for rid, s in stats.items()]
+
+    def _state(self, replica_id: str, stats: Mapping | None, now: float) -> ReplicaState:
+        parsed = self._parsed.get(replica_id)
+        version = stats.get("ts") if stats else None
+        if parsed is None or parsed.version != version:
+            # First sight of this snapshot: it was taken no later than now, whatever the replica's clock.
+            snapshot_at = min(float(version), now) if version is not None else -math.inf
+            speed = speed_of(stats, self.prior_acceptance) if stats else None
+            base = replica_state(replica_id, stats, speed, self.classes, self.default, math.inf)
+            held = frozenset(stats.get("running_keys") or ()) if stats else frozenset()
+            parsed = self._parsed[replica_id] = _Parsed(version, snapshot_at, base, held)
+        state = parsed.state
+        if stats:
+            state = replace(state, age_s=now - parsed.snapshot_at)
+        return self.ledger.apply(state, parsed.held, parsed.snapshot_at, now)
+
+    def _page_size(self, replica_id: str) -> int:
+        parsed = self._parsed.get(replica_id)
+        return parsed.state.page_size if parsed else 16

@@ -1,0 +1,424 @@
+"""The SLA router's policy, as pure functions: predict what a request would see on each replica, pick one.
+
+The model of a replica (dspark/engine.py). Each engine step runs one target forward over B tokens: every
+decoding request's anchor plus the l drafted tokens it verifies, then prefill chunks of admitted prompts
+in whatever is left of the step's token budget M. A forward of B tokens runs at SPS(B) steps per second
+(the replica's profiled cost table); drafting and the engine's own work stretch each step by the measured
+factor `overhead` = step time / forward time. So a step of B tokens takes overhead / SPS(B) seconds.
+
+Decode rate. Each round a decoding request gains tau(l) tokens: the accepted drafts plus the one token
+the target always adds. With a per-position survival alpha (drafted token j survives with alpha^j, the
+geometric law the drafter's acceptance follows on average), tau(l) = 1 + sum_{j<=l} alpha^j. A replica
+with n decoding requests that verify l drafts each steps at SPS(n (1 + l)) / overhead, and every one of
+its requests advances once per step, so
+
+    rate per request = tau(l) * SPS(n (1 + l)) / overhead,        TPOT = 1 / rate.
+
+(The replica's throughput is n times that: the "/batch" of aggregate throughput is the n inside SPS.)
+The batch slows everyone twice: B grows with n, and the verify length l the replica can afford shrinks.
+How l is chosen mirrors the engine: the DSpark scheduler picks the l that maximises the step's expected
+tokens per second, n tau(l) SPS(n (1 + l)) (at fixed n: tau(l) SPS(n (1 + l))), within the draft
+budget; a fixed window verifies its cap. Both are cut so n (1 + l) <= M and n l <= the step's draft cap.
+
+What a newcomer would see. Its TTFT is the step in flight (half a step on average) plus the steps that
+prefill everything queued ahead of it and its own prompt (less any cached prefix), at the capacity
+M - n (1 + l) tokens per step the decoding requests leave. Its TPOT is TPOT at n' = running + queued + 1:
+the requests queued ahead decode beside it too. The requests already there move from TPOT(n' - 1) to
+TPOT(n'): the newcomer's effect on them is part of its score.
+
+The choice (llm-d's endpoint picker's shape: filters -> scorers -> pick).
+  Filters drop replicas that cannot take the request at all: unhealthy, no KV room for prompt +
+  max_tokens (a request reserves its whole life at admission, so such a replica would refuse it), or no
+  free sequence slot.
+  The score is the SLA slack: the least of the newcomer's TTFT and TPOT slack and, for each class of
+  equal or higher priority running there, the slack its TPOT keeps, each relative to its target. A
+  replica is feasible when the slack is >= 0. Maximising the least slack sends a request to a fast
+  replica until that replica's predicted TPOT meets a slow one's, then alternates.
+  The pick takes the best slack among feasible replicas with fresh signals, then stale ones (they rank
+  after: their numbers may hide load), then replicas with no signals yet. Slacks within `tie_margin` of
+  the best are a tie: the least-loaded of them wins, a seeded draw between equals, so equal replicas
+  share load instead of one taking every request.
+  When no replica is feasible, a class that may shed is refused, with the time until the replica that
+  frees up first could meet it (the running requests finish in order of their tokens left, at the TPOT
+  the replica runs now); a class that may not shed goes where its slack is largest. When no replica
+  passes the filters at all, the request is refused with that hint too, whatever its class, as the
+  engine refuses a request its KV cache cannot hold, unless some replica lacks only a free sequence
+  slot: then a class that may not shed waits for one, as Serve queues a request for a full replica.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class Sla:
+    """A request's latency targets and what may happen to it when no replica can meet them."""
+
+    name: str
+    ttft_s: float
+    tpot_s: float
+    priority: int = 0  # lower is more important: a request never counts harm to less important ones
+    may_shed: bool = False  # refuse (429) rather than run late
+
+
+@dataclass(frozen=True)
+class Newcomer:
+    """What the router knows of a request before it runs: its size and its SLA."""
+
+    prompt_tokens: int
+    max_tokens: int
+    sla: Sla
+    key: str = ""  # names its decision in the trace (router/decisions.py)
+
+
+@dataclass(frozen=True)
+class SpsTable:
+    """SPS(B): target forwards per second at B tokens, linear between profiled points, flat beyond."""
+
+    points: tuple[int, ...]
+    rates: tuple[float, ...]
+
+    def __call__(self, tokens: float) -> float:
+        points, rates = self.points, self.rates
+        if tokens <= points[0]:
+            return rates[0]
+        k = bisect.bisect_right(points, tokens)
+        if k == len(points):
+            return rates[-1]
+        b0, b1 = points[k - 1], points[k]
+        return rates[k - 1] + (rates[k] - rates[k - 1]) * (tokens - b0) / (b1 - b0)
+
+
+@dataclass(frozen=True)
+class Speed:
+    """How fast a replica steps: its cost table, its drafter's acceptance and its draft budget."""
+
+    sps: SpsTable
+    max_batch_tokens: int  # M, the step's token budget (max_num_batched_tokens)
+    acceptance: float  # alpha in [0, 1): the per-position survival of a drafted token
+    draft_cap: int  # the most drafts one request verifies per round (its window cut to the budget)
+    step_draft_cap: int | None = None  # the most drafts one step verifies over the batch
+    adaptive: bool = True  # DSpark scheduler (l maximises tau * SPS) or a fixed window (l = cap)
+    overhead: float = 1.0  # step time / forward time: drafting and the engine's own work
+    class_caps: Mapping[str, int] = field(default_factory=dict)  # SLA class -> its own draft cap
+    # verify_length and tpot are pure in (speed, batch, class): remembered per Speed, which the router
+    # keeps for as long as the replica's stats do not change, so most decisions only look them up.
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class ReplicaState:
+    """One replica as the router sees it: pushed stats merged with the router's own accounting."""
+
+    replica_id: str
+    speed: Speed | None  # None: no stats yet
+    running: int = 0  # decoding requests
+    queued: int = 0  # admitted requests whose prompt is not fully prefilled
+    queued_prefill_tokens: int = 0
+    free_pages: int = 0  # KV pages neither held nor promised to a running request
+    total_pages: int = 0
+    page_size: int = 16
+    max_num_seqs: int = 1
+    running_slas: tuple[Sla, ...] = ()  # one per class running there (targets decide the harm)
+    remaining_tokens: tuple[int, ...] = ()  # running requests' tokens left to max_tokens, ascending
+    age_s: float = math.inf  # how old the pushed stats are
+    healthy: bool = True
+    # Prefix caching: the prompt tokens this replica already holds for the newcomer (prefill it skips).
+    cached_prefix: Callable[[Newcomer], int] | None = None
+
+    @property
+    def load(self) -> int:
+        return self.running + self.queued
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    tie_margin: float = 0.05  # slacks this close to the best are a tie (relative to the targets)
+    stale_after_s: float = 1.0  # stats older than this rank after fresh ones
+    min_retry_s: float = 0.25  # a retry hint never asks for less (signals refresh about this often)
+    max_retry_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not self.tie_margin >= 0:
+            raise ValueError(f"tie_margin must be >= 0, got {self.tie_margin!r}")
+        if not self.stale_after_s > 0:
+            raise ValueError(f"stale_after_s must be > 0, got {self.stale_after_s!r}")
+        if not 0 <= self.min_retry_s <= self.max_retry_s:
+            raise ValueError("need 0 <= min_retry_s <= max_retry_s")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    ttft_s: float
+    tpot_s: float
+    tpot_others_s: float  # the TPOT of the requests already there once the newcomer decodes beside them
+    slack: float  # the least relative slack over the newcomer's targets and the harm to others
+
+    def to_dict(self) -> dict:
+        return {
+            "ttft_ms": round(self.ttft_s * 1e3, 3),
+            "tpot_ms": round(self.tpot_s * 1e3, 3),
+            "tpot_others_ms": round(self.tpot_others_s * 1e3, 3),
+            "slack": round(self.slack, 4),
+        }
+
+
+@dataclass(frozen=True)
+class Candidate:
+    state: ReplicaState
+    tier: int  # 0 fresh, 1 stale, 2 no signals
+    prediction: Prediction | None  # None in tier 2
+
+    @property
+    def feasible(self) -> bool:
+        return self.prediction is None or self.prediction.slack >= 0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the router did with a request, and why: the trace records `to_dict()`."""
+
+    action: str  # "route" | "shed" | "wait"
+    ranking: tuple[str, ...]  # replica ids, most preferred first (route only)
+    reason: str
+    retry_after_s: float | None = None  # shed only
+    candidates: tuple[Candidate, ...] = ()
+    excluded: Mapping[str, str] = field(default_factory=dict)  # replica id -> the filter that dropped it
+
+    def to_dict(self) -> dict:
+        scores = {
+            c.state.replica_id: {
+                "tier": ("fresh", "stale", "unknown")[c.tier],
+                "load": c.state.load,
+                **(c.prediction.to_dict() if c.prediction else {}),
+            }
+            for c in self.candidates
+        }
+        out = {"action": self.action, "reason": self.reason, "ranking": list(self.ranking), "scores": scores}
+        if self.excluded:
+            out["excluded"] = dict(self.excluded)
+        if self.retry_after_s is not None:
+            out["retry_after_s"] = round(self.retry_after_s, 3)
+        return out
+
+
+# ---- speed ---------------------------------------------------------------------------------------
+
+
+def tau(acceptance: float, length: float) -> float:
+    """Expected tokens a round gains when `length` drafts are verified: 1 + sum_{j<=length} alpha^j."""
+    if acceptance >= 1.0:
+        return 1.0 + length
+    return 1.0 + acceptance * (1.0 - acceptance**length) / (1.0 - acceptance)
+
+
+def verify_length(speed: Speed, batch: int, sla_class: str | None = None) -> int:
+    """The drafts each of `batch` decoding requests verifies per round, as the replica would choose."""
+    key = ("l", batch, sla_class)
+    if key not in speed._memo:
+        speed._memo[key] = _verify_length(speed, batch, sla_class)
+    return speed._memo[key]
+
+
+def _verify_length(speed: Speed, batch: int, sla_class: str | None) -> int:
+    cap = speed.draft_cap if sla_class is None else speed.class_caps.get(sla_class, speed.draft_cap)
+    room = speed.max_batch_tokens - batch  # drafted tokens the step budget leaves after the anchors
+    if speed.step_draft_cap is not None:
+        room = min(room, speed.step_draft_cap)
+    cap = max(0, min(cap, room // max(batch, 1)))
+    if not speed.adaptive or cap == 0:
+        return cap
+    sps, alpha = speed.sps, speed.acceptance
+    return max(range(cap + 1), key=lambda n: tau(alpha, n) * sps(batch * (1 + n)))
+
+
+def step_time(speed: Speed, tokens: float) -> float:
+    return speed.overhead / speed.sps(tokens)
+
+
+def tpot(speed: Speed, batch: int, sla_class: str | None = None) -> float:
+    """Seconds per output token of a request decoding among `batch` requests (see the module docstring)."""
+    key = ("tpot", batch, sla_class)
+    if key not in speed._memo:
+        batch_ = max(batch, 1)
+        length = verify_length(speed, batch_)
+        own = length if sla_class is None else min(length, verify_length(speed, batch_, sla_class))
+        speed._memo[key] = step_time(speed, batch_ * (1 + length)) / tau(speed.acceptance, own)
+    return speed._memo[key]
+
+
+def pages_for(tokens: int, page_size: int) -> int:
+    return -(-tokens // page_size)
+
+
+# ---- prediction ----------------------------------------------------------------------------------
+
+
+def ttft(state: ReplicaState, prompt_tokens: int) -> float:
+    """Seconds until the first token of a prompt of `prompt_tokens` uncached tokens admitted now."""
+    speed = state.speed
+    assert speed is not None
+    decode_tokens = state.running * (1 + verify_length(speed, state.running)) if state.running else 0
+    capacity = max(1, speed.max_batch_tokens - decode_tokens)  # prefill tokens per step
+    todo = state.queued_prefill_tokens + prompt_tokens
+    in_flight = 0.0
+    if state.load:  # a step is running: on average half of it is left
+        in_flight = 0.5 * step_time(speed, decode_tokens + min(state.queued_prefill_tokens, capacity))
+    steps = math.ceil(todo / capacity)
+    return in_flight + steps * step_time(speed, min(speed.max_batch_tokens, decode_tokens + todo))
+
+
+def slack(sla: Sla, ttft_s: float, tpot_s: float, max_tokens: int) -> float:
+    """The least relative margin to the targets (negative: missed by that fraction)."""
+    margin = (sla.ttft_s - ttft_s) / sla.ttft_s
+    if max_tokens > 1:  # one token has no time per output token
+        margin = min(margin, (sla.tpot_s - tpot_s) / sla.tpot_s)
+    return margin
+
+
+def predict(state: ReplicaState, newcomer: Newcomer) -> Prediction:
+    speed = state.speed
+    assert speed is not None
+    cached = state.cached_prefix(newcomer) if state.cached_prefix else 0
+    # The last prompt token always runs: it makes the first output token.
+    prompt = max(1, newcomer.prompt_tokens - max(0, cached))
+    batch = state.load + 1
+    first = ttft(state, prompt)
+    own = tpot(speed, batch, newcomer.sla.name)
+    others = tpot(speed, batch)
+    score = slack(newcomer.sla, first, own, newcomer.max_tokens)
+    for sla in state.running_slas:
+        if sla.priority <= newcomer.sla.priority:  # harm to less important classes does not count
+            score = min(score, (sla.tpot_s - others) / sla.tpot_s)
+    return Prediction(first, own, others, score)
+
+
+# ---- filters, pick, retry hint -------------------------------------------------------------------
+
+
+UNHEALTHY, NO_KV_ROOM, NO_SLOT = "unhealthy", "no KV room", "no free sequence slot"
+
+
+def exclusion(state: ReplicaState, newcomer: Newcomer) -> str | None:
+    """Why `state` cannot take the request now; None when it can."""
+    if not state.healthy:
+        return UNHEALTHY
+    if state.speed is None:
+        return None  # no stats yet: only the router's own accounting, checked as it comes
+    if pages_for(newcomer.prompt_tokens + newcomer.max_tokens, state.page_size) > state.free_pages:
+        return NO_KV_ROOM
+    if state.load >= state.max_num_seqs:
+        return NO_SLOT
+    return None
+
+
+def tier(state: ReplicaState, config: PolicyConfig) -> int:
+    if state.speed is None:
+        return 2
+    return 0 if state.age_s <= config.stale_after_s else 1
+
+
+def decide(
+    replicas: Sequence[ReplicaState], newcomer: Newcomer, config: PolicyConfig, rng: random.Random
+) -> Decision:
+    excluded: dict[str, str] = {}
+    candidates: list[Candidate] = []
+    for state in replicas:
+        reason = exclusion(state, newcomer)
+        if reason is not None:
+            excluded[state.replica_id] = reason
+            continue
+        t = tier(state, config)
+        candidates.append(Candidate(state, t, predict(state, newcomer) if t < 2 else None))
+    sla = newcomer.sla
+    if not candidates:
+        if sla.may_shed or NO_SLOT not in excluded.values() or never_fits(replicas, newcomer):
+            return _shed(replicas, newcomer, config, "no replica has room", excluded)
+        return Decision(
+            "wait", (), "every replica with KV room is at max_num_seqs; waiting", excluded=excluded
+        )
+    if not any(c.feasible for c in candidates) and sla.may_shed:
+        return _shed(replicas, newcomer, config, f"no replica can meet SLA class {sla.name!r}", excluded)
+    order = sorted(candidates, key=_rank_key)
+    chosen = _break_tie(order, config.tie_margin, rng)
+    ranking = (chosen.state.replica_id, *(c.state.replica_id for c in order if c is not chosen))
+    reason = "meets the SLA" if chosen.feasible else "best slack; no replica meets the SLA"
+    return Decision("route", ranking, reason, candidates=tuple(order), excluded=excluded)
+
+
+def _rank_key(c: Candidate) -> tuple:
+    score = c.prediction.slack if c.prediction else 0.0
+    return (not c.feasible, c.tier, -score, c.state.load)
+
+
+def _break_tie(order: list[Candidate], margin: float, rng: random.Random) -> Candidate:
+    """Among the candidates tied with the best (same class of rank, slack within `margin`), the least
+    loaded; a seeded draw between equally loaded ones."""
+    best = order[0]
+    best_score = best.prediction.slack if best.prediction else 0.0
+    tied = [
+        c
+        for c in order
+        if c.feasible == best.feasible
+        and c.tier == best.tier
+        and (c.prediction.slack if c.prediction else 0.0) >= best_score - margin
+    ]
+    least = min(c.state.load for c in tied)
+    return rng.choice([c for c in tied if c.state.load == least])
+
+
+def never_fits(replicas: Sequence[ReplicaState], newcomer: Newcomer) -> bool:
+    """True when the request's KV reservation exceeds every known replica's whole cache."""
+    known = [s for s in replicas if s.speed is not None]
+    need = newcomer.prompt_tokens + newcomer.max_tokens
+    return bool(known) and all(pages_for(need, s.page_size) > s.total_pages for s in known)
+
+
+def _shed(
+    replicas: Sequence[ReplicaState],
+    newcomer: Newcomer,
+    config: PolicyConfig,
+    reason: str,
+    excluded: Mapping[str, str],
+) -> Decision:
+    if never_fits(replicas, newcomer):
+        # No wait helps: the engine's own refusal for this case says retry 0 (dspark/kv_cache.py).
+        need = newcomer.prompt_tokens + newcomer.max_tokens
+        return Decision("shed", (), f"{need} tokens exceed every replica's KV cache", 0.0, excluded=excluded)
+    waits = [time_until_room(s, newcomer) for s in replicas if s.healthy and s.speed is not None]
+    wait = min(waits, default=math.inf)
+    retry = min(config.max_retry_s, max(config.min_retry_s, wait))
+    return Decision("shed", (), reason, retry, excluded=excluded)
+
+
+def time_until_room(state: ReplicaState, newcomer: Newcomer) -> float:
+    """Seconds until `state` could take the newcomer within its SLA: queued prompts prefill, then the
+    running requests finish in order of their tokens left at today's TPOT. inf: not even when idle."""
+    speed = state.speed
+    assert speed is not None
+    per_token = tpot(speed, max(state.load, 1))
+    drain = ttft(state, 0) if state.queued_prefill_tokens else 0.0
+    used_pages = state.total_pages - state.free_pages
+    pages_each = used_pages / state.load if state.load else 0.0
+    left = list(state.remaining_tokens) + [newcomer.max_tokens] * max(
+        0, state.load - len(state.remaining_tokens)
+    )
+    left.sort()
+    for finished in range(state.load + 1):
+        wait = max(drain, left[finished - 1] * per_token) if finished else drain
+        after = replace(
+            state,
+            running=state.load - finished,
+            queued=0,
+            queued_prefill_tokens=0,
+            free_pages=state.free_pages + round(finished * pages_each),
+            remaining_tokens=tuple(left[finished:]),
+        )
+        if exclusion(after, newcomer) is None and predict(after, newcomer).slack >= 0:
+            return wait
+    return math.inf

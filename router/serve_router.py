@@ -1,0 +1,90 @@
+"""SLARequestRouter: the SLA policy (router/policy.py) as a Ray Serve RequestRouter.
+
+It runs in every process that calls TargetReplica through a handle, i.e. in each ingress replica, on
+Serve's routing thread. The request's routing inputs travel as the `route` keyword of
+TargetReplica.generate (a router.policy.Newcomer: prompt tokens, max_tokens, SLA), which Serve shows the
+router as `pending_request.kwargs`; calls without it (model_info) go to the least loaded replica.
+
+How Serve uses the answer. `choose_replicas` returns singleton ranks in the policy's order, so Serve
+sends to the first choice unless that replica is at max_ongoing_requests, then tries the next. An empty
+answer (no replica has room for a class that waits) makes Serve back off and ask again: `should_backoff`
+is set, or it would spin. A refusal cannot be raised from choose_replicas (Serve logs the exception and
+routes the request again, forever); instead the request's own future is failed with an AdmissionError,
+which Serve's router raises to the caller, the ingress, as it would any routing error: a 429 /
+RESOURCE_EXHAUSTED with the retry hint (deployments/errors.py).
+
+Which request gets the choice. Serve hands a replica found by one routing task to a pending request:
+by default the one with the same internal request id, which all handle calls made while serving one
+ingress request share (concurrent calls would then wait forever); FIFOMixin avoids that but gives the
+replica to the oldest pending request, whose own ranking may differ. The choice here depends on the
+request, so the FIFOMixin's matching hook is answered with the very request the ranking was made for.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from typing import Any
+
+from ray.serve.request_router import FIFOMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
+
+from dspark.errors import AdmissionError
+from router.balancer import Balancer
+from router.policy import Newcomer, PolicyConfig
+from router.sla import SlaClass, classes_of
+
+
+class SLARequestRouter(FIFOMixin, RequestRouter):
+    def initialize_state(
+        self,
+        classes: dict[str, dict],
+        default_class: str,
+        options: dict | None = None,
+        prior_acceptance: float = 0.5,
+        seed: int = 0,
+    ) -> None:
+        slas = classes_of({name: SlaClass(**c) for name, c in classes.items()})
+        self.balancer = Balancer(PolicyConfig(**(options or {})), slas, default_class, prior_acceptance, seed)
+        # id(metadata) -> the request a ranking was made for (weak: a cancelled one just disappears).
+        self._ranked_for: weakref.WeakValueDictionary[int, PendingRequest] = weakref.WeakValueDictionary()
+
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
+        route = pending_request.kwargs.get("route") if pending_request is not None else None
+        if not isinstance(route, Newcomer):
+            return [candidate_replicas]
+        pending_request.routing_context.should_backoff = True
+        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
+        stats = {rid: r.routing_stats for rid, r in by_id.items()}
+        decision = self.balancer.decide(
+            route, pending_request.metadata.internal_request_id, stats, time.time()
+        )
+        if decision.action == "shed":
+            if not pending_request.future.done():
+                pending_request.future.set_exception(AdmissionError(decision.reason, decision.retry_after_s))
+            return [candidate_replicas]  # Serve sees the request done and stops routing it
+        self._ranked_for[id(pending_request.metadata)] = pending_request
+        return [[by_id[rid]] for rid in decision.ranking]
+
+    def _get_pending_request_matching_metadata(self, request_metadata: Any = None) -> PendingRequest | None:
+        """FIFOMixin's matching hook: the request this ranking was made for, while it still waits."""
+        if request_metadata is None:
+            return None
+        pending = self._ranked_for.pop(id(request_metadata), None)
+        if pending is None or pending.metadata is not request_metadata or pending.future.done():
+            return None
+        return pending
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
+        route = pending_request.kwargs.get("route")
+        if isinstance(route, Newcomer):
+            key = pending_request.metadata.internal_request_id
+            self.balancer.routed(replica_id.unique_id, key, route, time.time())
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        self.balancer.completed(replica_id.unique_id, internal_request_id, time.time())
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        self.balancer.forget(replica_id.unique_id)

@@ -1,0 +1,94 @@
+"""The routing benchmark's load and scoring: seeded schedules, SLA attainment, goodput, percentiles."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.route_workload import (
+    Arrival,
+    Lengths,
+    Outcome,
+    SlaTarget,
+    goodput,
+    mean_points,
+    met,
+    percentile,
+    schedule,
+    score,
+)
+
+FAST = SlaTarget("interactive", 0.5, ttft_s=1.0, tpot_s=0.02)
+SLOW = SlaTarget("batch", 0.5, ttft_s=20.0, tpot_s=1.0)
+PROMPT = Lengths(64, 0.6, 4, 256)
+OUTPUT = Lengths(32, 0.6, 2, 128)
+
+
+def test_a_schedule_is_fixed_by_its_seed_and_follows_the_rate_shares_and_bounds():
+    one = schedule(20.0, 50.0, [FAST, SLOW], PROMPT, OUTPUT, seed=7)
+    assert one == schedule(20.0, 50.0, [FAST, SLOW], PROMPT, OUTPUT, seed=7)
+    assert one != schedule(20.0, 50.0, [FAST, SLOW], PROMPT, OUTPUT, seed=8)
+    assert 900 <= len(one) <= 1100  # Poisson: 1000 expected, sd ~32
+    assert all(a.at_s < b.at_s for a, b in zip(one, one[1:])) and one[-1].at_s < 50.0
+    interactive = sum(a.sla_class == "interactive" for a in one) / len(one)
+    assert 0.45 <= interactive <= 0.55
+    assert all(4 <= a.prompt_tokens <= 256 and 2 <= a.max_tokens <= 128 for a in one)
+    prompts = sorted(a.prompt_tokens for a in one)
+    assert 58 <= prompts[len(prompts) // 2] <= 70  # the log-normal's median
+
+
+def test_a_request_meets_its_sla_only_when_it_completed_within_both_targets():
+    arrival = Arrival(0.0, "interactive", 10, 10)
+    assert met(Outcome(arrival, "ok", ttft_s=0.5, tpot_s=0.02, tokens=10), FAST)
+    assert not met(Outcome(arrival, "ok", ttft_s=1.01, tpot_s=0.01, tokens=10), FAST)
+    assert not met(Outcome(arrival, "ok", ttft_s=0.5, tpot_s=0.021, tokens=10), FAST)
+    assert met(Outcome(arrival, "ok", ttft_s=0.5, tpot_s=None, tokens=1), FAST)  # one token: no TPOT
+    assert not met(Outcome(arrival, "refused"), FAST) and not met(Outcome(arrival, "error"), FAST)
+
+
+def test_score_counts_refusals_as_missed_and_reports_latencies_of_completed_requests():
+    fast, slow = Arrival(0.0, "interactive", 10, 10), Arrival(0.1, "batch", 10, 10)
+    outcomes = [
+        Outcome(fast, "ok", 0.1, 0.010, 10),
+        Outcome(fast, "ok", 0.3, 0.030, 10),  # TPOT missed
+        Outcome(fast, "refused"),
+        Outcome(slow, "ok", 2.0, 0.5, 10),
+        Outcome(slow, "error"),
+    ]
+    point = score(outcomes, [FAST, SLOW], window_s=2.0)
+    assert point["sent"] == 5 and point["attainment"] == 0.4 and point["met_rps"] == 1.0
+    assert point["attainment_by_class"] == {"interactive": pytest.approx(1 / 3, abs=1e-4), "batch": 0.5}
+    assert (point["refused"], point["errors"]) == (1, 1)
+    assert point["ttft_p50_ms"] == 300.0 and point["tpot_p50_ms"] == 30.0
+    assert point["ttft_p99_ms"] == pytest.approx(1000 * (0.3 + 0.98 * 1.7))
+
+
+def test_percentile_interpolates_between_ranks():
+    assert percentile([], 50) is None
+    assert percentile([3.0], 99) == 3.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert percentile([4.0, 1.0, 3.0, 2.0], 100) == 4.0
+
+
+def test_goodput_is_the_best_met_rate_at_90_percent_attainment():
+    points = [
+        {"attainment": 1.0, "met_rps": 2.0},
+        {"attainment": 0.92, "met_rps": 3.6},
+        {"attainment": 0.85, "met_rps": 4.0},  # more met per second, but below the bar
+    ]
+    assert goodput(points) == 3.6
+    assert goodput([{"attainment": 0.5, "met_rps": 4.0}, {"attainment": None, "met_rps": 0.0}]) == 0.0
+
+
+def test_repeats_are_averaged_per_load_point():
+    a = [
+        {"rate_rps": 2.0, "attainment": 1.0, "by": {"x": 1.0}, "p99": None},
+        {"rate_rps": 4.0, "attainment": 0.5, "by": {"x": 0.0}, "p99": 9.0},
+    ]
+    b = [
+        {"rate_rps": 2.0, "attainment": 0.8, "by": {"x": 0.5}, "p99": 5.0},
+        {"rate_rps": 4.0, "attainment": 0.7, "by": {"x": 1.0}, "p99": 11.0},
+    ]
+    assert mean_points([a, b]) == [
+        {"rate_rps": 2.0, "attainment": 0.9, "by": {"x": 0.75}, "p99": None},
+        {"rate_rps": 4.0, "attainment": 0.6, "by": {"x": 0.5}, "p99": 10.0},
+    ]

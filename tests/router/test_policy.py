@@ -1,0 +1,233 @@
+"""The SLA policy on hand-built replica states: exact predictions, filters, the pick, shedding, ties."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import replace
+
+import pytest
+
+from router.policy import (
+    Newcomer,
+    PolicyConfig,
+    ReplicaState,
+    Sla,
+    Speed,
+    SpsTable,
+    decide,
+    predict,
+    tau,
+    time_until_room,
+    tpot,
+    ttft,
+    verify_length,
+)
+
+# SPS falls from 100 steps/s at one token to 5 at 1024: a small model's shape.
+TABLE = SpsTable((1, 8, 32, 128, 512, 1024), (100.0, 90.0, 60.0, 30.0, 10.0, 5.0))
+FAST = Speed(TABLE, 1024, acceptance=0.8, draft_cap=7, adaptive=True)  # a drafter at tau ~ 4
+PLAIN = Speed(TABLE, 1024, acceptance=0.0, draft_cap=0, adaptive=False)  # no speculation
+LOOSE = Sla("batch", ttft_s=60.0, tpot_s=2.0, priority=2)
+CONFIG = PolicyConfig()
+
+
+def replica(name: str, speed: Speed | None = FAST, **fields) -> ReplicaState:
+    base = dict(free_pages=1000, total_pages=1000, page_size=16, max_num_seqs=256, age_s=0.0)
+    return ReplicaState(name, speed, **(base | fields))
+
+
+def request(sla: Sla = LOOSE, prompt: int = 100, max_tokens: int = 50) -> Newcomer:
+    return Newcomer(prompt, max_tokens, sla)
+
+
+def test_tau_and_the_verify_length_each_scheduler_picks():
+    assert tau(0.5, 0) == 1.0 and tau(0.5, 2) == pytest.approx(1.75) and tau(1.0, 3) == 4.0
+    # Adaptive: the l maximising tau(l) * SPS(n (1 + l)): all 7 drafts at n = 1, fewer as n grows.
+    assert verify_length(FAST, 1) == 7
+    at_64 = {n: tau(0.8, n) * TABLE(64 * (1 + n)) for n in range(8)}
+    assert verify_length(FAST, 64) == max(at_64, key=at_64.get) == 3
+    # A fixed window verifies its cap, cut so the step's budget holds every anchor and draft.
+    fixed = replace(FAST, adaptive=False)
+    assert verify_length(fixed, 64) == 7 and verify_length(fixed, 200) == (1024 - 200) // 200 == 4
+    assert verify_length(replace(fixed, step_draft_cap=40), 10) == 4  # the step's draft budget
+    assert verify_length(replace(fixed, class_caps={"batch": 2}), 10, "batch") == 2
+    assert verify_length(PLAIN, 10) == 0
+
+
+def test_tpot_is_tau_times_sps_at_the_batch_tokens():
+    # n = 16: l = 3 gives tau 2.952 at SPS(64) = 50 (147.6 tokens/s); l = 4 gives tau 3.3616 at
+    # SPS(80) = 60 - 30 * 48 / 96 = 45 (151.3); l = 5 gives 3.68928 at SPS(96) = 40 (147.6): l = 4.
+    assert verify_length(FAST, 16) == 4
+    assert tpot(FAST, 16) == pytest.approx(1 / (3.3616 * 45.0))
+    assert tpot(PLAIN, 16) == pytest.approx(1 / TABLE(16))
+    overhead = replace(PLAIN, overhead=1.5)  # a step 1.5x its forward: drafting, bookkeeping
+    assert tpot(overhead, 16) == pytest.approx(1.5 / TABLE(16))
+
+
+def test_ttft_counts_the_step_in_flight_and_the_prefill_ahead():
+    # Idle: one step of the 100-token prompt.
+    assert ttft(replica("a", PLAIN), 100) == pytest.approx(1 / TABLE(100))
+    # 24 decoding (1 token each): 1000 prefill tokens per step; 1500 queued + 100 = 2 full steps of 1024,
+    # plus half of the step running now (24 decode + 1000 prefill tokens): 2.5 steps at 5 steps/s.
+    busy = replica("a", PLAIN, running=24, queued=3, queued_prefill_tokens=1500)
+    assert ttft(busy, 100) == pytest.approx(2.5 / 5.0)
+
+
+def test_a_replica_with_a_full_kv_cache_is_never_chosen():
+    need = request(prompt=100, max_tokens=60)  # 160 tokens: 10 pages of 16
+    full = replica("full", free_pages=9)  # fast and idle, one page short
+    busy = replica("busy", PLAIN, running=20)
+    decision = decide([full, busy], need, CONFIG, random.Random(0))
+    assert decision.action == "route" and decision.ranking == ("busy",)
+    assert decision.excluded == {"full": "no KV room"}
+    # With exactly the pages it needs it is the pick again.
+    assert decide([replace(full, free_pages=10), busy], need, CONFIG, random.Random(0)).ranking[0] == "full"
+    # No KV room anywhere: refused with a hint whatever the class, as the engine refuses it.
+    both_full = [full, replace(busy, free_pages=0)]
+    shed = decide(both_full, need, CONFIG, random.Random(0))
+    assert shed.action == "shed" and shed.retry_after_s >= CONFIG.min_retry_s
+    assert shed.excluded == {"full": "no KV room", "busy": "no KV room"}
+
+
+def test_a_full_replica_makes_a_patient_class_wait_and_a_shedding_one_refused():
+    slots_full = replica("busy", PLAIN, running=8, max_num_seqs=8, remaining_tokens=tuple(range(8)))
+    wait = decide([slots_full, replica("full", free_pages=0)], request(), CONFIG, random.Random(0))
+    assert wait.action == "wait" and wait.ranking == ()
+    shedding = request(replace(LOOSE, may_shed=True))
+    assert decide([slots_full], shedding, CONFIG, random.Random(0)).action == "shed"
+
+
+def test_a_fast_replica_takes_more_load_until_its_tpot_meets_the_slow_ones():
+    fast, slow = replica("fast", FAST), replica("slow", PLAIN)
+    tight = Sla("interactive", ttft_s=60.0, tpot_s=0.05)  # slack decided by TPOT alone
+    config = PolicyConfig(tie_margin=0.0)
+    rng = random.Random(0)
+    sent = {"fast": 0, "slow": 0}
+    for _ in range(100):
+        decision = decide([fast, slow], request(tight), config, rng)
+        chosen = decision.ranking[0]
+        sent[chosen] += 1
+        fast, slow = (
+            (replace(fast, running=fast.running + 1), slow)
+            if chosen == "fast"
+            else (
+                fast,
+                replace(slow, running=slow.running + 1),
+            )
+        )
+    assert sent["fast"] > 2 * sent["slow"] > 0
+    # Balanced: neither replica's last request would have been better off on the other one.
+    assert tpot(FAST, fast.running) <= tpot(PLAIN, slow.running + 1)
+    assert tpot(PLAIN, slow.running) <= tpot(FAST, fast.running + 1)
+
+
+def test_shedding_only_when_no_replica_can_meet_the_class():
+    interactive = Sla("interactive", ttft_s=1.0, tpot_s=0.012, may_shed=True)
+    crowded = replica("crowded", PLAIN, running=30, remaining_tokens=tuple(range(10, 40)))
+    idle = replica("idle", PLAIN)
+    # tpot(PLAIN, 31) ~ 16 ms, tpot(PLAIN, 1) = 10 ms: only the idle one meets it, and it is chosen.
+    assert tpot(PLAIN, 31) > 0.012 > tpot(PLAIN, 1)
+    routed = decide([crowded, idle], request(interactive), CONFIG, random.Random(0))
+    assert routed.action == "route" and routed.ranking[0] == "idle"
+    assert predict(idle, request(interactive)).slack >= 0 > predict(crowded, request(interactive)).slack
+    # Both crowded: refused, with the time until the first could take it within the SLA.
+    shed = decide(
+        [crowded, replace(crowded, replica_id="c2")], request(interactive), CONFIG, random.Random(0)
+    )
+    assert shed.action == "shed" and shed.ranking == ()
+    assert shed.retry_after_s == pytest.approx(time_until_room(crowded, request(interactive)))
+    # A class that may not shed goes where its slack is largest instead.
+    patient = replace(interactive, may_shed=False)
+    fuller = replace(crowded, replica_id="fuller", running=40, remaining_tokens=())
+    kept = decide([fuller, crowded], request(patient), CONFIG, random.Random(0))
+    assert (
+        kept.action == "route" and kept.ranking == ("crowded", "fuller") and not kept.candidates[0].feasible
+    )
+
+
+def test_retry_hint_is_when_the_soonest_finishers_leave_room():
+    # 30 running at 1 token/step; each request leaves as its tokens run out: 10, 11, ... tokens left.
+    crowded = replica("crowded", PLAIN, running=30, remaining_tokens=tuple(range(10, 40)))
+    sla = Sla("interactive", ttft_s=1.0, tpot_s=0.012, may_shed=True)
+    per_token = tpot(PLAIN, 30)
+    # Feasible again once the batch is small enough that TPOT(n + 1) <= 12 ms.
+    n = next(n for n in range(30, -1, -1) if tpot(PLAIN, n + 1) <= 0.012)
+    finishers = 30 - n
+    expected = (10 + finishers - 1) * per_token
+    assert time_until_room(crowded, request(sla)) == pytest.approx(expected)
+    # Targets no idle replica can meet: no wait helps.
+    assert time_until_room(crowded, request(replace(sla, tpot_s=0.001))) == math.inf
+
+
+def test_a_request_that_fits_no_cache_is_refused_at_once_whatever_its_class():
+    small = replica("small", total_pages=5, free_pages=5)
+    decision = decide([small], request(prompt=100, max_tokens=60), CONFIG, random.Random(0))
+    assert decision.action == "shed" and decision.retry_after_s == 0.0
+
+
+def test_harm_to_running_requests_counts_for_classes_as_important():
+    # "a" runs interactive requests right at their target; one more would push them past it.
+    target = (tpot(PLAIN, 4) + tpot(PLAIN, 5)) / 2
+    interactive = Sla("interactive", ttft_s=1.0, tpot_s=target, priority=0)
+    a = replica("a", PLAIN, running=3, running_slas=(interactive,))
+    b = replica("b", PLAIN, running=6)
+    batch = request(Sla("batch", ttft_s=60.0, tpot_s=2.0, priority=2))
+    assert decide([a, b], batch, CONFIG, random.Random(0)).ranking[0] == "b"
+    # An interactive newcomer weighs the harm to its own class too: "a" would break them; "b" has room.
+    assert (
+        decide([a, b], request(replace(interactive, tpot_s=0.02)), CONFIG, random.Random(0)).ranking[0] == "b"
+    )
+    # Harm to a less important class does not count: batch requests on "a" do not keep an interactive
+    # newcomer away from the replica that serves it best.
+    a_batch = replace(a, running_slas=(Sla("batch", 60.0, target, priority=2),))
+    quick = request(Sla("interactive", ttft_s=1.0, tpot_s=0.1, priority=0))
+    assert decide([a_batch, b], quick, CONFIG, random.Random(0)).ranking[0] == "a"
+
+
+def test_stale_and_unknown_replicas_rank_after_fresh_ones():
+    fresh = replica("fresh", PLAIN, running=10)
+    stale = replica("stale", FAST, age_s=CONFIG.stale_after_s + 0.1)  # looks idle and fast, but old news
+    unknown = ReplicaState("new", None)
+    decision = decide([stale, unknown, fresh], request(), CONFIG, random.Random(0))
+    assert decision.ranking == ("fresh", "stale", "new")
+    # When the fresh one cannot meet the SLA (11.6 ms per token), the stale one that can is preferred.
+    sla = Sla("interactive", ttft_s=1.0, tpot_s=0.0105)
+    assert tpot(PLAIN, 11) > 0.0105
+    assert decide([stale, fresh], request(sla), CONFIG, random.Random(0)).ranking[0] == "stale"
+    # Before any stats arrive, every replica is unknown and the least loaded is taken.
+    new = [ReplicaState("n1", None, running=2), ReplicaState("n2", None, running=1)]
+    assert decide(new, request(), CONFIG, random.Random(0)).ranking[0] == "n2"
+
+
+def test_ties_spread_load_and_are_seeded():
+    def assign(seed: int) -> list[str]:
+        states = [replica(f"r{i}") for i in range(4)]
+        rng, picks = random.Random(seed), []
+        for _ in range(40):
+            chosen = decide(states, request(), CONFIG, rng).ranking[0]
+            picks.append(chosen)
+            states = [replace(s, running=s.running + 1) if s.replica_id == chosen else s for s in states]
+        return picks
+
+    picks = assign(0)
+    assert {r: picks.count(r) for r in set(picks)} == {"r0": 10, "r1": 10, "r2": 10, "r3": 10}
+    assert assign(0) == picks and assign(1) != picks
+
+
+def test_a_cached_prefix_is_prefill_saved():
+    long_prompt = request(prompt=3000)
+    cold = replica("cold", PLAIN, running=2)
+    warm = replica("warm", PLAIN, running=4, cached_prefix=lambda newcomer: 2900)
+    assert predict(warm, long_prompt).ttft_s < predict(cold, long_prompt).ttft_s
+    sla = Sla("interactive", ttft_s=0.2, tpot_s=1.0)  # the cold prefill (~0.5 s) misses it
+    assert decide([cold, warm], request(sla, prompt=3000), CONFIG, random.Random(0)).ranking[0] == "warm"
+
+
+def test_decision_record_names_scores_and_exclusions():
+    full = replica("full", free_pages=0)
+    decision = decide([full, replica("ok", PLAIN)], request(), CONFIG, random.Random(0))
+    record = decision.to_dict()
+    assert record["action"] == "route" and record["ranking"] == ["ok"]
+    assert record["excluded"] == {"full": "no KV room"}
+    assert set(record["scores"]["ok"]) == {"tier", "load", "ttft_ms", "tpot_ms", "tpot_others_ms", "slack"}

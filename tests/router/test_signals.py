@@ -1,0 +1,172 @@
+"""Fresh signals: pushed stats parsed into a replica's speed, corrected by the router's own ledger,
+and aged; the Balancer that keeps them between decisions."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from router import decisions
+from router.balancer import Balancer
+from router.policy import Newcomer, PolicyConfig, Sla, tau
+from router.signals import Ledger, fit_acceptance, replica_state, speed_of
+
+STANDARD = Sla("standard", ttft_s=5.0, tpot_s=0.25, priority=1)
+INTERACTIVE = Sla("interactive", ttft_s=1.0, tpot_s=0.05, priority=0, may_shed=True)
+CLASSES = {"standard": STANDARD, "interactive": INTERACTIVE}
+
+
+def stats(ts: float, **fields) -> dict:
+    """A replica's routing stats as TargetReplica.record_routing_stats publishes them."""
+    return {
+        "ts": ts,
+        "running_requests": 2,
+        "queued_requests": 1,
+        "queued_prefill_tokens": 40,
+        "kv_unreserved_pages": 50,
+        "kv_total_pages": 64,
+        "kv_page_size": 16,
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 256,
+        "remaining_tokens": [30, 10],
+        "running_by_class": {"interactive": 2, "": 1},
+        "draft_window": 7,
+        "adaptive_verify": True,
+        "draft_budget": {
+            "max_step_tokens": 20,
+            "max_request_tokens": 5,
+            "max_request_tokens_by_class": {"b": 9},
+        },
+        "sps_table": [[1, 100.0], [256, 20.0]],
+        "recent_tau": 3.0,
+        "mean_verified": 4.0,
+        "step_overhead": 1.25,
+        "healthy": True,
+        **fields,
+    }
+
+
+def test_acceptance_is_fitted_so_the_geometric_law_gives_the_measured_tau():
+    alpha = fit_acceptance(recent_tau=3.0, mean_verified=4.0, prior=0.5)
+    assert tau(alpha, 4.0) == pytest.approx(3.0, abs=1e-9)
+    assert fit_acceptance(5.0, 4.0, prior=0.5) == 0.999  # everything accepted
+    assert fit_acceptance(1.0, 4.0, prior=0.5) == pytest.approx(0.0, abs=1e-9)  # nothing accepted
+    assert fit_acceptance(0.0, 0.0, prior=0.3) == 0.3  # nothing verified yet: the prior
+
+
+def test_speed_and_state_from_stats():
+    speed = speed_of(stats(10.0), prior_acceptance=0.5)
+    assert speed.sps(1) == 100.0 and speed.sps(256) == 20.0 and speed.max_batch_tokens == 256
+    assert speed.draft_cap == 5 and speed.class_caps == {"b": 7}  # the budget, cut to the window
+    assert speed.step_draft_cap == 20 and speed.adaptive and speed.overhead == 1.25
+    assert tau(speed.acceptance, 4.0) == pytest.approx(3.0)
+    assert speed_of(stats(10.0, sps_table=None), 0.5) is None  # no table: no prediction
+    state = replica_state("r", stats(10.0), speed, CLASSES, STANDARD, age_s=0.5)
+    assert (state.running, state.queued, state.queued_prefill_tokens) == (2, 1, 40)
+    assert (state.free_pages, state.total_pages, state.max_num_seqs) == (50, 64, 8)
+    assert state.remaining_tokens == (10, 30) and state.age_s == 0.5
+    # Class names map to their targets; a request with none runs under the default class.
+    assert set(state.running_slas) == {INTERACTIVE, STANDARD}
+
+
+def test_ledger_adds_what_the_snapshot_does_not_hold_and_removes_what_finished_but_it_still_holds():
+    ledger = Ledger()
+    base = replica_state("r", stats(10.0), speed_of(stats(10.0), 0.5), CLASSES, STANDARD, 0.0)
+    early = Newcomer(prompt_tokens=30, max_tokens=34, sla=STANDARD, key="e1")  # 64 tokens: 4 pages
+    ledger.sent("r", "early", early, page_size=16, now=9.0)
+    ledger.routed("r", "early", early, page_size=16, now=9.0)
+    late = Newcomer(prompt_tokens=20, max_tokens=12, sla=INTERACTIVE, key="l1")  # 32 tokens: 2 pages
+    ledger.sent("r", "late", late, page_size=16, now=10.5)
+    # The snapshot holds "early" (its engine runs it) and not yet "late": only "late" is added.
+    state = ledger.apply(base, held={"e1", "x"}, snapshot_at=10.0, now=10.6)
+    assert (state.running, state.queued, state.queued_prefill_tokens) == (2, 2, 60)
+    assert state.free_pages == 48 and state.remaining_tokens == (10, 12, 30)
+    # "early" finishes; the snapshot still holds it: the ledger takes it out.
+    ledger.completed("r", "early", now=10.7)
+    state = ledger.apply(base, held={"e1", "x"}, snapshot_at=10.0, now=10.8)
+    assert (state.running, state.queued, state.free_pages) == (1, 2, 52)
+    # Even a snapshot taken after it finished (the replica had not yet freed it) is corrected.
+    assert ledger.apply(base, held={"e1", "x"}, snapshot_at=10.9, now=11.0).running == 1
+    # A newer snapshot holds "late" and no longer "early": nothing is corrected twice.
+    newer = replica_state("r", stats(11.0), base.speed, CLASSES, STANDARD, 0.0)
+    assert ledger.apply(newer, held={"l1", "x"}, snapshot_at=11.0, now=11.1) == newer
+
+
+def test_ledger_moves_a_request_placed_elsewhere_and_expires_unconfirmed_ones():
+    ledger = Ledger(tentative_ttl_s=2.0)
+    request = Newcomer(prompt_tokens=10, max_tokens=6, sla=STANDARD, key="k")
+    ledger.sent("a", "k", request, page_size=16, now=0.0)
+    assert ledger.in_flight("a") == 1
+    ledger.routed("b", "k", request, page_size=16, now=0.1)  # "a" was full: Serve took the next rank
+    assert (ledger.in_flight("a"), ledger.in_flight("b")) == (0, 1)
+    ledger.sent("a", "gone", replace(request, key="g"), page_size=16, now=0.0)  # cancelled while waiting
+    base = replica_state("a", stats(-1.0), speed_of(stats(-1.0), 0.5), CLASSES, STANDARD, 0.0)
+    assert ledger.apply(base, held=(), snapshot_at=-1.0, now=1.0).queued == base.queued + 1
+    assert ledger.apply(base, held=(), snapshot_at=-1.0, now=2.5).queued == base.queued
+    ledger.forget("b")
+    assert ledger.in_flight("b") == 0
+
+
+def balancer() -> Balancer:
+    return Balancer(PolicyConfig(stale_after_s=1.0), CLASSES, "standard", seed=0)
+
+
+def test_a_burst_decided_before_any_confirmation_spreads():
+    lb = balancer()
+    idle = {name: stats(100.0, running_requests=0, queued_requests=0, remaining_tokens=[]) for name in "ab"}
+    chosen = [lb.decide(Newcomer(10, 10, STANDARD), f"k{i}", idle, now=100.1).ranking[0] for i in range(6)]
+    assert sorted(chosen) == ["a", "a", "a", "b", "b", "b"]
+
+
+def test_a_kv_cache_reported_in_tokens_is_read_as_pages():
+    sglang = {k: v for k, v in stats(1.0).items() if not k.startswith("kv_")}
+    sglang |= {"kv_total_tokens": 1024, "kv_headroom": 0.25}  # SGLang's load report
+    state = replica_state("s", sglang, speed_of(sglang, 0.5), CLASSES, STANDARD, 0.0)
+    assert (state.total_pages, state.free_pages, state.page_size) == (64, 16, 16)
+
+
+def test_a_request_asked_about_again_holds_no_phantom_slot():
+    lb = balancer()
+    one_slot = stats(100.0, running_requests=0, queued_requests=0, remaining_tokens=[], max_num_seqs=1)
+    request = Newcomer(10, 10, STANDARD)
+    assert lb.decide(request, "k", {"a": one_slot}, now=100.1).ranking == ("a",)
+    assert lb.decide(Newcomer(10, 10, STANDARD), "k2", {"a": one_slot}, now=100.1).action == "wait"
+    # Serve found "a" full and asks again for "k": its first choice did not happen, it is decided anew.
+    full = stats(100.2, running_requests=1, queued_requests=0, remaining_tokens=[5], max_num_seqs=1)
+    assert lb.decide(request, "k", {"a": full}, now=100.3).action == "wait"
+    assert lb.ledger.in_flight("a") == 0
+    # The slot frees: a waiting request is not kept out by the other's earlier choice.
+    assert lb.decide(
+        Newcomer(10, 10, STANDARD), "k2", {"a": one_slot | {"ts": 100.4}}, now=100.5
+    ).ranking == ("a",)
+    # A confirmed request stays counted whatever is decided after it.
+    lb.routed("a", "k2", request, now=100.6)
+    lb.ledger.withdraw("k2")
+    assert lb.ledger.in_flight("a") == 1
+
+
+def test_signals_age_from_the_snapshot_and_never_look_fresher_than_first_seen():
+    lb = balancer()
+    now = 1000.0
+    # A replica whose clock runs 5 s ahead: its snapshot counts as taken when first seen.
+    (state,) = lb.states({"r": stats(now + 5.0)}, now)
+    assert state.age_s == 0.0
+    (state,) = lb.states({"r": stats(now + 5.0)}, now + 2.0)  # the same snapshot, 2 s later: stale
+    assert state.age_s == 2.0
+    (state,) = lb.states({"r": stats(now - 0.5)}, now + 2.0)  # an older clock: aged by its own ts
+    assert state.age_s == 2.5
+    (state,) = lb.states({"r": None}, now)
+    assert state.speed is None and math.isinf(state.age_s)
+
+
+def test_decisions_reach_the_trace_with_where_serve_placed_them():
+    lb = balancer()
+    request = Newcomer(10, 10, STANDARD, key="trace-key")
+    idle = {"a": stats(5.0), "b": stats(5.0, running_requests=7)}
+    decision = lb.decide(request, "internal-id", idle, now=5.1)
+    lb.routed("b", "internal-id", request, now=5.2)
+    record = decisions.pop("trace-key")
+    assert record["ranking"] == list(decision.ranking) and record["ranking"][0] == "a"
+    assert record["placed_on"] == "b" and decisions.pop("trace-key") is None

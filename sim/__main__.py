@@ -146,7 +146,8 @@ def main(argv: list[str] | None = None) -> None:
         s, m = r["scenario"], r["summary"]
         print(
             f"{s['router']:>11} + {s['scheduler']:<6} load {s['load']:.2f}: attainment {m['attainment']:.3f} "
-            f"goodput {m['goodput_rps']:.2f} req/s, TTFT p99 {m['ttft_p99_s']} s, TPOT p99 {m['tpot_p99_s']} s"
+            f"goodput {m['goodput_rps']:.2f} req/s, TTFT p99 {m['ttft_p99_s']} s, "
+            f"TPOT p99 {m['tpot_p99_s']} s"
         )
     print(f"wrote {out / 'sim.json'}, " + ", ".join(map(str, paths)))
 

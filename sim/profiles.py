@@ -3,8 +3,8 @@
 A profile is a data file under sim/profiles/ citing its sources and stating its assumptions. A step of B
 tokens over N decoding requests, n of them drafting, takes
 
-    1 / SPS(B) + step_overhead + N request_overhead + B token_overhead + (draft_s_per_step + n draft_s_per_request
-                                                                        when anything is drafted)
+    1 / SPS(B) + step_overhead + N request_overhead + B token_overhead
+      + (draft_s_per_step + n draft_s_per_request, when anything is drafted)
 
 seconds, times the replica's slow-down factor. SPS(B) is the engine's own cost table class
 (dspark.cost_table.CostTable: isotonic smoothing, linear interpolation) over the profile's points.

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from dspark.draft_budget import DraftBudget
 from dspark.draft_gate import DraftGate

@@ -86,7 +86,6 @@ def arms(args: argparse.Namespace) -> list[dict]:
             )
             for router in ROUTERS
             for budget in budgets()
-            if budget != "controller"  # the controller arm needs controller/ (see the closing note)
             for load in loads
         ]
         results += run_grid(scenarios, desc=f"{n} replicas")

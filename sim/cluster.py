@@ -59,8 +59,11 @@ class ClusterConfig:
     failures: Sequence[Failure] = ()
     seed: int = 0
     timeline_period_s: float = 1.0
-    # The budget loop: called every `control_period_s` with (now, replicas) -> {replica id: DraftBudget}.
-    controller: Callable[[float, list[SimReplica]], Mapping[str, DraftBudget]] | None = None
+    # The budget loop: called every `control_period_s` with (now, replicas, requests each replica finished
+    # since the last call) -> {replica id: DraftBudget} (sim/control.py).
+    controller: (
+        Callable[[float, list[SimReplica], Mapping[str, list[Request]]], Mapping[str, DraftBudget]] | None
+    ) = None
     control_period_s: float = 2.0
 
 
@@ -93,6 +96,7 @@ class Cluster:
         self._last_tokens = 0
         self._last_rounds = (0, 0)
         self.retired: list[SimReplica] = []
+        self._finished: dict[str, list[Request]] = {}  # since the last control period, by replica
 
     def _add(self, group: Group, replica_id: str) -> SimReplica:
         replica = SimReplica(
@@ -182,6 +186,8 @@ class Cluster:
         _, done = replica.complete(plan, self.q.now)
         for req in done:
             self.router.completed(replica.replica_id, req, self.q.now)
+        if done and self.config.controller is not None:
+            self._finished.setdefault(replica.replica_id, []).extend(done)
         self._step(replica)
         if done and self.waiting:
             self._retry_waiting()
@@ -225,10 +231,11 @@ class Cluster:
 
     def _control(self) -> None:
         assert self.config.controller is not None
-        for replica_id, budget in self.config.controller(self.q.now, self._alive()).items():
-            for r in self.replicas:
-                if r.replica_id == replica_id:
-                    r.set_draft_budget(budget)
+        finished, self._finished = self._finished, {}
+        by_id = {r.replica_id: r for r in self.replicas}
+        for replica_id, budget in self.config.controller(self.q.now, self._alive(), finished).items():
+            if replica_id in by_id:
+                by_id[replica_id].set_draft_budget(budget)
         self.q.after(self.config.control_period_s, self._control)
 
     def _sample_timeline(self) -> None:

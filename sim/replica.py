@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dspark.draft_budget import DraftBudget
 from dspark.draft_gate import DraftGate
@@ -74,6 +74,8 @@ class Counters:
     step_time_s: float = 0.0
     forward_time_s: float = 0.0
     max_pages_used: int = 0
+    # Request-rounds by (drafts verified, drafts accepted): acceptance by position follows from it.
+    verify_accept: Counter = field(default_factory=Counter)
 
 
 class SimReplica:
@@ -215,6 +217,8 @@ class SimReplica:
             a = 0
             while a < n and rng() < row[a]:
                 a += 1
+            if n:
+                c.verify_accept[n, a] += 1
             s.computed += 1 + a
             self.pages.truncate(s.key, s.computed)
             s.generated += a + 1

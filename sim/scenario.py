@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from router.policy import Sla
 from sim.cluster import Cluster, ClusterConfig, Failure, Group
+from sim.control import ControllerArm
 from sim.metrics import summarize
 from sim.profiles import Profile, load
 from sim.workload import Workload, generate
@@ -34,7 +35,14 @@ CLASSES: dict[str, dict[str, Sla]] = {
         "batch": Sla("batch", 30.0, 0.200, 2, False),
     },
 }
-SCHEDULERS = {"fixed": ("fixed", True), "engine": ("dspark", True), "plain": ("plain", False)}
+# Budget arms: the engine's scheduler mode and whether it drafts; "controller" is the engine's scheduler
+# under controller/'s caps (sim/control.py).
+SCHEDULERS = {
+    "fixed": ("fixed", True),
+    "engine": ("dspark", True),
+    "controller": ("dspark", True),
+    "plain": ("plain", False),
+}
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,7 @@ class Scenario:
             candidates=self.candidates,
             failures=failures,
             seed=self.seed,
+            controller=ControllerArm(classes) if self.scheduler == "controller" else None,
         )
         return config, workload, capacity
 

@@ -94,7 +94,10 @@ class SlaArm:
         )
         self.rng = random.Random(seed + 1)
         self.candidates = candidates
-        self.decision_s: list[float] = []  # wall seconds of each Balancer.decide call
+        # Each Balancer.decide call's wall seconds, and its thread CPU seconds: on a shared machine the
+        # wall time's tail is other processes' time slices, the CPU time is the decision's own cost.
+        self.decision_s: list[float] = []
+        self.decision_cpu_s: list[float] = []
 
     def newcomer(self, req: Request) -> Newcomer:
         return Newcomer(req.prompt_tokens, req.max_tokens, self.classes[req.sla_class], key=str(req.rid))
@@ -102,8 +105,9 @@ class SlaArm:
     def choose(self, req: Request, replicas: list, now: float) -> Choice:
         pool = replicas if len(replicas) <= self.candidates else self.rng.sample(replicas, self.candidates)
         stats = {r.replica_id: self.stats(r.replica_id) for r in pool}
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         decision = self.balancer.decide(self.newcomer(req), str(req.rid), stats, now)
+        self.decision_cpu_s.append(time.thread_time() - cpu)
         self.decision_s.append(time.perf_counter() - start)
         if decision.action == "route":
             return Choice("route", decision.ranking, reason=decision.reason)

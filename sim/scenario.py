@@ -151,11 +151,13 @@ def run(scenario: Scenario, tick: Callable[[float], None] | None = None) -> dict
         "timeline": cluster.timeline.__dict__,
         "verify_per_round": _mean_verify(cluster),
     }
-    decisions = getattr(cluster.router, "decision_s", None)
-    if decisions:
-        ordered = sorted(decisions)
-        result["decision_p50_ms"] = round(1e3 * ordered[len(ordered) // 2], 4)
-        result["decision_p99_ms"] = round(1e3 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 4)
+    for name, times in (("", "decision_s"), ("_cpu", "decision_cpu_s")):
+        ordered = sorted(getattr(cluster.router, times, None) or ())
+        if ordered:
+            result[f"decision{name}_p50_ms"] = round(1e3 * ordered[len(ordered) // 2], 4)
+            result[f"decision{name}_p99_ms"] = round(
+                1e3 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 4
+            )
     result["cluster"] = cluster
     return result
 

@@ -67,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip-validation", action="store_true")
     p.add_argument("--skip-scale", action="store_true")
     p.add_argument("--models", default="models")
+    p.add_argument(
+        "--val-drafter", default="dspark", help="ngram: validate a stack without trained drafters (smoke)"
+    )
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     if args.quick:
@@ -247,7 +250,7 @@ def main(argv: list[str] | None = None) -> None:
 def validate(args: argparse.Namespace) -> dict:
     from bench.sim_validate import validate as run_validation
 
-    return run_validation(args.models, quick=args.quick)
+    return run_validation(args.models, quick=args.quick, drafter=args.val_drafter)
 
 
 if __name__ == "__main__":

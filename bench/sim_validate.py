@@ -38,10 +38,14 @@ ENGINE = {
 }
 
 
-def validate(models: str, quick: bool = False) -> dict:
+def validate(models: str, quick: bool = False, drafter: str = "dspark") -> dict:
+    """`drafter` other than dspark (ngram) serves a target without trained drafters: a smoke run only."""
     target = Path(models) / "target"
-    if not (target / "config.json").is_file() or not (Path(models) / "drafters" / "dspark").is_dir():
+    if not (target / "config.json").is_file() or (
+        drafter == "dspark" and not (Path(models) / "drafters" / "dspark").is_dir()
+    ):
         return {"skipped": f"no demo models under {models!r} (make models)"}
+    engine = {**ENGINE, "drafter": drafter}
     rate, duration = (1.0, 6.0) if quick else (3.0, 120.0)
     warmup = 1.0 if quick else 15.0
     work = Workload(
@@ -60,14 +64,15 @@ def validate(models: str, quick: bool = False) -> dict:
     )
     trace = generate(work)
     prompts = _prompts(target, trace)
-    real = _run_real(target, trace, prompts)
+    real = _run_real(target, trace, prompts, engine)
     table = _engine_table()
-    simulated = _run_sim(trace, prompts, table)
+    simulated = _run_sim(trace, table)
     classes = CLASSES["cpu_measured"]
     r = summarize(real, classes, warmup, duration)
     s = summarize(simulated, classes, warmup, duration)
     out = {
         "workload": {"rate": rate, "duration_s": duration, "requests": len(trace), "seed": work.seed},
+        "drafter": drafter,
         "sps_table": table.get("path") if table else "profile's own (no engine table found)",
     }
     for m in METRICS:
@@ -96,7 +101,7 @@ def _prompts(target: Path, trace: list[Request]) -> list[str]:
     return out
 
 
-def _run_real(target: Path, trace: list[Request], prompts: list[str]) -> list[Request]:
+def _run_real(target: Path, trace: list[Request], prompts: list[str], engine: dict) -> list[Request]:
     import openai
     import ray
     from ray import serve
@@ -112,8 +117,9 @@ def _run_real(target: Path, trace: list[Request], prompts: list[str]) -> list[Re
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         app = {
             "model": str(target),
-            "engine": ENGINE,
+            "engine": engine,
             "num_replicas": 2,
+            "num_ingress_replicas": 1,
             "torch_num_threads": 1,
             "replica_num_cpus": 0.5,
             "ingress_num_cpus": 0.25,
@@ -123,14 +129,14 @@ def _run_real(target: Path, trace: list[Request], prompts: list[str]) -> list[Re
             base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0, timeout=600
         )
         real = [dataclasses.replace(r) for r in trace]
-        asyncio.run(_drive(client, real, prompts))
+        asyncio.run(_drive(client, target.resolve().name, real, prompts))
     finally:
         serve.shutdown()
         ray.shutdown()
     return real
 
 
-async def _drive(client, requests: list[Request], prompts: list[str]) -> None:
+async def _drive(client, model: str, requests: list[Request], prompts: list[str]) -> None:
     import openai
 
     t0 = time.perf_counter()
@@ -139,7 +145,7 @@ async def _drive(client, requests: list[Request], prompts: list[str]) -> None:
         await asyncio.sleep(max(0.0, req.arrival - (time.perf_counter() - t0)))
         try:
             stream = await client.completions.create(
-                model="target",
+                model=model,
                 prompt=prompt,
                 max_tokens=req.max_tokens,
                 temperature=1.0,
@@ -176,7 +182,7 @@ def _engine_table() -> dict | None:
     return None
 
 
-def _run_sim(trace: list[Request], prompts: list[str], table: dict | None) -> list[Request]:
+def _run_sim(trace: list[Request], table: dict | None) -> list[Request]:
     profile = load("cpu_measured")
     profile = dataclasses.replace(profile, max_num_seqs=ENGINE["max_num_seqs"], cache={})
     if table is not None:

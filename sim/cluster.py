@@ -125,8 +125,10 @@ class Cluster:
     # ---- the run ------------------------------------------------------------------------------------
 
     def run(self, until: float, tick: Callable[[float], None] | None = None) -> None:
+        # The serving path (proxy, ingress) before the router sees a request: the fleet's first profile's.
+        path = self.config.fleet[0].profile.request_path_s if self.config.fleet else 0.0
         for req in self.requests:
-            self.q.at(req.arrival, self._route, req)
+            self.q.at(req.arrival + path, self._route, req)
         for replica in self.replicas:
             self._start_publishing(replica)
         for f in self.config.failures:

@@ -89,7 +89,8 @@ class SimReplica:
         seed: int = 0,
         draft_gate: bool = True,
     ) -> None:
-        self.replica_id, self.profile, self.scheduler, self.slow = replica_id, profile, scheduler, slow
+        self.replica_id, self.profile, self.scheduler = replica_id, profile, scheduler
+        self.slow = slow * profile.serving_slowdown
         self.pages = PageManager(profile.kv_pages, profile.page_size)
         self.table = profile.cost_table()
         self.policy = make_policy(scheduler)
@@ -104,7 +105,7 @@ class SimReplica:
         self._memo = profile.cache.setdefault(("lengths", scheduler), {})
         # What it publishes for the router: the engine's table heals online from observed step times
         # (dspark/cost_table.py), so a slow node's published rates are its true ones.
-        self.published_table = [[b, round(r / slow, 3)] for b, r in profile.published_table()]
+        self.published_table = [[b, round(r / self.slow, 3)] for b, r in profile.published_table()]
         self._survival = {d: survival(row[: profile.gamma]) for d, row in profile.acceptance.items()}
 
     # ---- admission ----------------------------------------------------------------------------------

@@ -98,9 +98,11 @@ def plot(results: list[dict], out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     arms: dict[str, list[dict]] = {}
+    fleets = {r["scenario"]["replicas"] for r in results}
     for r in results:
         s = r["scenario"]
-        arms.setdefault(f"{s['router']} + {s['scheduler']}", []).append(r)
+        label = f"{s['router']} + {s['scheduler']}" + (f" ({s['replicas']})" if len(fleets) > 1 else "")
+        arms.setdefault(label, []).append(r)
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, rows in sorted(arms.items()):
         rows = sorted(rows, key=lambda r: r["scenario"]["load"])
@@ -119,7 +121,10 @@ def plot(results: list[dict], out: Path) -> list[Path]:
     fig.savefig(paths[0], dpi=120)
     plt.close(fig)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
+    largest = max(fleets, default=0)
     for name, rows in sorted(arms.items()):
+        if rows[0]["scenario"]["replicas"] != largest:
+            continue
         r = max(rows, key=lambda r: r["scenario"]["load"])
         tl = r["timeline"]
         top.plot(tl["t"], tl["verify_per_round"], label=name)

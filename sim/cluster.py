@@ -91,6 +91,8 @@ class Cluster:
         self._recent: dict[str, RecentRounds] = {}
         self._epoch: dict[str, int] = {}
         self.waiting: deque[Request] = deque()
+        # Free sequence slots over the live fleet: whether a waiting request could go anywhere, in O(1).
+        self.free_slots = sum(r.profile.max_num_seqs for r in self.replicas)
         self.router = self._make_router()
         self.timeline = Timeline()
         self._last_tokens = 0
@@ -157,6 +159,7 @@ class Cluster:
             if refusal is not None:  # the engine's own refusal: KV exhausted -> 429
                 req.outcome, req.finish = "refused", self.q.now
                 return
+            self.free_slots -= 1
             self.router.routed(replica_id, req, self.q.now)
             if not replica.stepping:
                 self._step(replica)
@@ -165,7 +168,7 @@ class Cluster:
 
     def _retry_waiting(self) -> None:
         for _ in range(len(self.waiting)):
-            if not any(r.has_slot() for r in self.replicas):
+            if self.free_slots <= 0:
                 return
             req = self.waiting.popleft()
             before = len(self.waiting)
@@ -186,6 +189,7 @@ class Cluster:
         if not replica.alive or epoch != self._epoch.get(replica.replica_id, 0):
             return
         _, done = replica.complete(plan, self.q.now)
+        self.free_slots += len(done)
         for req in done:
             self.router.completed(replica.replica_id, req, self.q.now)
         if done and self.config.controller is not None:
@@ -217,6 +221,7 @@ class Cluster:
         if not alive:
             return
         replica = alive[f.replica % len(alive)]
+        self.free_slots -= replica.profile.max_num_seqs - len(replica.seqs)
         replica.fail(self.q.now)
         self._epoch[replica.replica_id] = -1
         self._visible.pop(replica.replica_id, None)
@@ -228,6 +233,7 @@ class Cluster:
     def _replace(self, dead: SimReplica) -> None:
         group = self._group_of[dead.replica_id]
         fresh = self._add(group, f"{dead.replica_id}~{len(self.retired)}")
+        self.free_slots += fresh.profile.max_num_seqs
         self._start_publishing(fresh)
         self._retry_waiting()
 

@@ -85,6 +85,7 @@ def test_every_request_ends_once_and_tokens_are_conserved(router_arm):
     assert sum(r.counters.generated_tokens for r in replicas) == sum(r.generated for r in done)
     assert sum(r.counters.finished_requests for r in replicas) == len(done)
     assert sum(r.counters.prompt_tokens for r in replicas) == sum(r.prompt_tokens for r in done)
+    assert cluster.free_slots == sum(r.profile.max_num_seqs - len(r.seqs) for r in cluster.replicas)
     for r in replicas:
         assert r.counters.accepted_tokens <= r.counters.drafted_tokens
         assert not r.seqs and r.pages.num_free_pages == r.pages.num_pages  # every page came back
@@ -158,6 +159,7 @@ def test_a_failed_replica_loses_its_requests_and_is_replaced():
     failed = [r for r in requests if r.outcome == "failed"]
     assert failed and all(r.finish == 5.0 for r in failed)
     assert len(cluster.replicas) == 3 and len(cluster.retired) == 1
+    assert cluster.free_slots == sum(r.profile.max_num_seqs - len(r.seqs) for r in cluster.replicas)
     assert sum(r.outcome == "pending" for r in requests) == 0
 
 

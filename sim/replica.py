@@ -179,6 +179,8 @@ class SimReplica:
             return []
         groups = Counter((s.req.domain, c) for s, c in zip(decoding, caps))
         order = sorted(groups)
+        # A step cap at or above every window summed never binds (the walk ends first): one memo entry.
+        step_cap = min(step_cap, sum(caps))
         key = (step_cap, tuple((g, groups[g]) for g in order))
         by_group = self._memo.get(key)
         if by_group is None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from deployments.replica_state import MAX_REMAINING_REPORTED, RecentRounds
+from deployments.replica_state import COUNTERS, MAX_REMAINING_REPORTED, RecentRounds
 from dspark.verify_policy import SCHEDULED_MODES
 from sim.replica import SimReplica
 
@@ -34,6 +34,7 @@ def snapshot(replica: SimReplica, recent: RecentRounds, now: float) -> dict:
         "running_keys": [s.key for s in seqs],
         "finished_requests": c.finished_requests,
         "aborted_requests": 0,
+        **{name: getattr(c, name) for name in COUNTERS},
         **recent.update(c.rounds, c.accepted_tokens, c.drafted_tokens, c.step_time_s, c.forward_time_s),
         "draft_window": replica.gamma,
         "adaptive_verify": replica.scheduler in SCHEDULED_MODES,

@@ -180,3 +180,18 @@ def test_profiles_load_and_cite_their_sources(name):
     table = profile.cost_table()
     rates = [table(b) for b in range(1, profile.max_num_batched_tokens + 1)]
     assert all(a >= b for a, b in zip(rates, rates[1:]))  # SPS never rises with B
+
+
+def test_published_stats_carry_every_key_a_real_replica_publishes(qwen3_dir):
+    """The router reads simulated replicas through the same keys as real ones (replica_state.snapshot)."""
+    from deployments.replica_state import RecentRounds
+    from deployments.replica_state import snapshot as real_snapshot
+    from dspark import Engine, EngineConfig
+    from sim.stats import snapshot
+
+    engine = Engine(EngineConfig(model=str(qwen3_dir), drafter="ngram", num_kv_pages=64, kv_page_size=8))
+    real = real_snapshot(engine)
+    simulated = snapshot(SimReplica("r", small_profile()), RecentRounds(), 0.0)
+    assert set(real) <= set(simulated)
+    for key in real:
+        assert type(simulated[key]) is type(real[key]) or real[key] is None, key

@@ -1,7 +1,8 @@
 """python -m sim: simulate a grid of arms and loads; write results JSON and PNGs.
 
-    python -m sim --profile gpu_dsv4flash_rocm --replicas 100 --router pow2,sla \
-        --scheduler fixed,engine --load 0.5,0.8,1.1 --duration 120 --out build/sim
+    python -m sim --profile gpu_dsv4flash_rocm --replicas 100 --router pow2,sla
+                  --scheduler fixed,engine --load 0.5,0.8,1.1 --duration 120 --out build/sim
+    (one command line; the other options: --pattern bursty|diurnal, --hetero, --slow-share, --failures)
 
 Every (router, scheduler, load) cell runs the same seeded workload shape. Writes OUT/sim.json (settings
 and per-cell summaries), OUT/attainment.png (SLA attainment vs load per arm) and OUT/budget.png (mean

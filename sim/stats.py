@@ -41,4 +41,10 @@ def snapshot(replica: SimReplica, recent: RecentRounds, now: float) -> dict:
         "draft_budget": replica.budget.to_dict(),
         "sps_table": replica.published_table,
         "healthy": replica.alive,
+        # deployments/replica_state.prefix_cache: prefix caching is not simulated (disabled here).
+        "prefix_cache": {
+            **replica.pages.routing_summary(),
+            "prompt_tokens": c.prompt_tokens,
+            "cached_prompt_tokens": 0,
+        },
     }

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 MODELS ?= models
 
-.PHONY: install test lint bench serve demo models chart image clean
+.PHONY: install test lint bench serve demo models chart image clean sim
 
 install: $(VENV)/.installed
 
@@ -37,6 +37,12 @@ bench: models
 	$(PY) bench/route_stats_cost.py --model $(MODELS)/target
 	$(PY) bench/route.py --models $(MODELS)
 	$(PY) bench/telemetry.py --model $(MODELS)/target
+
+# The cluster simulator's benchmark (bench/sim.py): routing x budget arms at 100 and 1,000 simulated GPU
+# replicas, the router's decision time at 1,000, and validation against real Ray Serve (needs the models).
+# Hours on an idle machine; `$(PY) bench/sim.py --quick` is a smoke run.
+sim: install
+	$(PY) bench/sim.py --models $(MODELS)
 
 # The main job: an embedded local Ray serving the demo stack (OpenAI HTTP :8000, gRPC :9000);
 # builds the models first if they are absent. Ctrl-C shuts it down.

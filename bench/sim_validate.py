@@ -1,0 +1,210 @@
+"""Validation of the simulator against the real cluster: one seeded workload, both ways.
+
+Real: the demo stack on real Ray Serve (two target replicas with the DSpark drafter, the app's SLA router,
+OpenAI HTTP), an open-loop client that starts each request at its arrival time and streams it (ignore_eos,
+so every request runs to its max_tokens), measuring TTFT and TPOT per request. Simulated: the same requests
+(arrival, prompt tokens as the target's tokenizer counts them, max_tokens, SLA class, domain) on two
+simulated replicas with this machine's profile (sim/profiles/cpu_measured.json), whose SPS table is replaced
+by the one the real replicas use (the newest table in the engine's cache after the stack started) and whose
+engine settings follow the app's. Reported for each metric: real, simulated, and the relative difference.
+
+Run by bench/sim.py (on an idle machine: the real half measures this machine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from sim.cluster import Cluster, ClusterConfig, Group
+from sim.metrics import summarize
+from sim.profiles import load
+from sim.scenario import CLASSES
+from sim.workload import Request, Workload, generate
+
+METRICS = ("throughput_rps", "output_tok_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
+ENGINE = {
+    "drafter": "dspark",
+    "num_speculative_tokens": 7,
+    "scheduler": "dspark",
+    "cost_table_profile": "coarse",
+    "max_num_seqs": 16,
+    "kv_cache_memory_mb": 256,
+}
+
+
+def validate(models: str, quick: bool = False, drafter: str = "dspark") -> dict:
+    """`drafter` other than dspark (ngram) serves a target without trained drafters: a smoke run only."""
+    target = Path(models) / "target"
+    if not (target / "config.json").is_file() or (
+        drafter == "dspark" and not (Path(models) / "drafters" / "dspark").is_dir()
+    ):
+        return {"skipped": f"no demo models under {models!r} (make models)"}
+    engine = {**ENGINE, "drafter": drafter}
+    rate, duration = (1.0, 6.0) if quick else (3.0, 120.0)
+    warmup = 1.0 if quick else 15.0
+    work = Workload(
+        rate=rate,
+        duration_s=duration,
+        seed=7,
+        classes={"interactive": 0.5, "standard": 0.5},
+        domains={"code": 0.5, "prose": 0.5},
+        prompt_median=48,
+        prompt_sigma=0.4,
+        output_median=48 if quick else 64,
+        output_sigma=0.5,
+        long_prompt_share=0.0,
+        max_prompt=192,
+        max_output=192,
+    )
+    trace = generate(work)
+    prompts = _prompts(target, trace)
+    real = _run_real(target, trace, prompts, engine)
+    table = _engine_table()
+    simulated = _run_sim(trace, table)
+    classes = CLASSES["cpu_measured"]
+    r = summarize(real, classes, warmup, duration)
+    s = summarize(simulated, classes, warmup, duration)
+    out = {
+        "workload": {"rate": rate, "duration_s": duration, "requests": len(trace), "seed": work.seed},
+        "drafter": drafter,
+        "sps_table": table.get("path") if table else "profile's own (no engine table found)",
+    }
+    for m in METRICS:
+        a, b = r[m], s[m]
+        out[m] = {"real": a, "sim": b, "rel_diff": None if not a or b is None else round((b - a) / a, 4)}
+    diffs = [abs(v["rel_diff"]) for k, v in out.items() if k in METRICS and v["rel_diff"] is not None]
+    out["max_abs_rel_diff"] = round(max(diffs), 4) if diffs else None
+    out["within_15pct"] = bool(diffs) and max(diffs) <= 0.15
+    return out
+
+
+def _prompts(target: Path, trace: list[Request]) -> list[str]:
+    """A held-out prompt of each request's domain, cut to its prompt length in the target's tokens."""
+    from transformers import AutoTokenizer
+
+    from drafter_service.demo.corpus import heldout_prompts
+
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    pool = {d: heldout_prompts(d, 64, 256, tokenizer) for d in ("code", "prose")}
+    out = []
+    for i, req in enumerate(trace):
+        ids = tokenizer.encode(pool[req.domain][i % 64], add_special_tokens=False)[: req.prompt_tokens]
+        text = tokenizer.decode(ids)
+        req.prompt_tokens = len(tokenizer.encode(text, add_special_tokens=False))  # what the engine will see
+        out.append(text)
+    return out
+
+
+def _run_real(target: Path, trace: list[Request], prompts: list[str], engine: dict) -> list[Request]:
+    import openai
+    import ray
+    from ray import serve
+
+    from deployments.app import build_app
+
+    port = _free_port()
+    repo = Path(__file__).resolve().parents[1]
+    ray.init(
+        include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(repo)}}, log_to_driver=False
+    )
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        app = {
+            "model": str(target),
+            "engine": engine,
+            "num_replicas": 2,
+            "num_ingress_replicas": 1,
+            "torch_num_threads": 1,
+            "replica_num_cpus": 0.5,
+            "ingress_num_cpus": 0.25,
+        }
+        serve.run(build_app(app), name="simval", route_prefix="/")
+        client = openai.AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0, timeout=600
+        )
+        real = [dataclasses.replace(r) for r in trace]
+        asyncio.run(_drive(client, target.resolve().name, real, prompts))
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    return real
+
+
+async def _drive(client, model: str, requests: list[Request], prompts: list[str]) -> None:
+    import openai
+
+    t0 = time.perf_counter()
+
+    async def one(req: Request, prompt: str) -> None:
+        await asyncio.sleep(max(0.0, req.arrival - (time.perf_counter() - t0)))
+        try:
+            stream = await client.completions.create(
+                model=model,
+                prompt=prompt,
+                max_tokens=req.max_tokens,
+                temperature=1.0,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"ignore_eos": True},
+                extra_headers={"x-sla-class": req.sla_class},
+            )
+            async for chunk in stream:
+                now = time.perf_counter() - t0
+                if req.first_token is None and chunk.choices and chunk.choices[0].text:
+                    req.first_token = now
+                if chunk.usage is not None:
+                    req.generated = chunk.usage.completion_tokens
+            req.finish, req.outcome = time.perf_counter() - t0, "done"
+        except openai.RateLimitError:
+            req.outcome, req.finish = "shed", time.perf_counter() - t0
+
+    await asyncio.gather(*(one(r, p) for r, p in zip(requests, prompts)))
+
+
+def _engine_table() -> dict | None:
+    """The SPS table the real replicas use: the newest cached table profiled for these engine settings."""
+    cache = Path(os.environ.get("DSPARK_CACHE_DIR") or Path.home() / ".cache" / "dspark")
+    for path in sorted(cache.glob("sps-*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
+        data = json.loads(path.read_text())
+        engine = data.get("fingerprint", {}).get("engine", {})
+        if (engine.get("max_seqs"), engine.get("gamma"), engine.get("coarse")) == (
+            ENGINE["max_num_seqs"],
+            ENGINE["num_speculative_tokens"],
+            ENGINE["cost_table_profile"] == "coarse",
+        ):
+            return {"path": str(path), "points": data["points"], "rates": data["smoothed"]}
+    return None
+
+
+def _run_sim(trace: list[Request], table: dict | None) -> list[Request]:
+    profile = load("cpu_measured")
+    profile = dataclasses.replace(profile, max_num_seqs=ENGINE["max_num_seqs"], cache={})
+    if table is not None:
+        profile = dataclasses.replace(
+            profile,
+            sps_points=tuple(table["points"]),
+            sps_rates=tuple(table["rates"]),
+            max_num_batched_tokens=max(profile.max_num_batched_tokens, table["points"][-1]),
+            cache={},
+        )
+    requests = [
+        dataclasses.replace(r, replica=None, first_token=None, finish=None, generated=0, outcome="pending")
+        for r in trace
+    ]
+    config = ClusterConfig(
+        fleet=[Group(profile, 2)], classes=CLASSES["cpu_measured"], default_class="standard", router="sla"
+    )
+    Cluster(config, requests).run(trace[-1].arrival + 600.0 if trace else 0.0)
+    return requests
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,266 @@
+"""The cluster: arrivals, a router arm, replicas stepping, stats published with delay, failures.
+
+Timing follows the real stack. Each replica publishes its routing stats every `stats_period_s` (the
+app's `routing_stats_period_s`, 0.25 s by default) at its own phase; the router sees a snapshot
+`stats_delay_s` later (Serve's controller polls the replica and broadcasts to the routers). A request
+goes to the first replica of the arm's ranking that has a free slot (Serve's max_ongoing_requests =
+max_num_seqs); with none, it waits in the router's queue and is routed again whenever a slot frees, as
+Serve backs off and retries. The engine may still refuse it (KV exhausted): a 429 to the client.
+Failures kill a replica's requests and bring a fresh replica (new id, no stats yet) after a downtime.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from deployments.replica_state import RecentRounds
+from dspark.draft_budget import DraftBudget
+from router.policy import Sla
+from sim.events import EventQueue
+from sim.profiles import Profile
+from sim.replica import Plan, SimReplica
+from sim.routing import PowerOfTwo, RoundRobin, SlaArm
+from sim.stats import snapshot
+from sim.workload import Request
+
+
+@dataclass(frozen=True)
+class Group:
+    """Identical replicas of a heterogeneous fleet."""
+
+    profile: Profile
+    count: int
+    scheduler: str = "dspark"  # the engine's verify-length mode: dspark | fixed | plain | ...
+    drafting: bool = True
+    slow: float = 1.0  # step-time multiplier: a slow node
+    draft_gate: bool = True
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class Failure:
+    at_s: float
+    replica: int  # index in the fleet
+    downtime_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    fleet: Sequence[Group]
+    classes: Mapping[str, Sla]
+    default_class: str
+    router: str = "sla"
+    stats_period_s: float = 0.25
+    stats_delay_s: float = 0.05
+    candidates: int = 16
+    failures: Sequence[Failure] = ()
+    seed: int = 0
+    timeline_period_s: float = 1.0
+    # The budget loop: called every `control_period_s` with (now, replicas, requests each replica finished
+    # since the last call) -> {replica id: DraftBudget} (sim/control.py).
+    controller: (
+        Callable[[float, list[SimReplica], Mapping[str, list[Request]]], Mapping[str, DraftBudget]] | None
+    ) = None
+    control_period_s: float = 2.0
+
+
+@dataclass
+class Timeline:
+    t: list[float] = field(default_factory=list)
+    tokens_per_s: list[float] = field(default_factory=list)
+    verify_per_round: list[float] = field(default_factory=list)  # mean verified drafts per request-round
+    running: list[int] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
+
+
+class Cluster:
+    def __init__(self, config: ClusterConfig, requests: list[Request]) -> None:
+        self.config = config
+        self.requests = requests
+        self.q = EventQueue()
+        self.rng = random.Random(config.seed)
+        self.replicas: list[SimReplica] = []
+        self._group_of: dict[str, Group] = {}
+        for g, group in enumerate(config.fleet):
+            for i in range(group.count):
+                self._add(group, f"{group.name or group.profile.name}-{g}.{i}")
+        self._visible: dict[str, dict] = {}
+        self._recent: dict[str, RecentRounds] = {}
+        self._epoch: dict[str, int] = {}
+        self.waiting: deque[Request] = deque()
+        # Free sequence slots over the live fleet: whether a waiting request could go anywhere, in O(1).
+        self.free_slots = sum(r.profile.max_num_seqs for r in self.replicas)
+        self.router = self._make_router()
+        self.timeline = Timeline()
+        self._last_tokens = 0
+        self._last_rounds = (0, 0)
+        self.retired: list[SimReplica] = []
+        self._finished: dict[str, list[Request]] = {}  # since the last control period, by replica
+
+    def _add(self, group: Group, replica_id: str) -> SimReplica:
+        replica = SimReplica(
+            replica_id,
+            group.profile,
+            group.scheduler,
+            group.drafting,
+            group.slow,
+            seed=self.rng.getrandbits(32),
+            draft_gate=group.draft_gate,
+        )
+        self.replicas.append(replica)
+        self._group_of[replica_id] = group
+        return replica
+
+    def _make_router(self):
+        c = self.config
+        if c.router == "pow2":
+            return PowerOfTwo(c.seed)
+        if c.router == "round_robin":
+            return RoundRobin()
+        if c.router == "sla":
+            return SlaArm(c.classes, c.default_class, self._visible.get, c.seed, c.candidates)
+        raise ValueError(f"unknown router arm {c.router!r}")
+
+    # ---- the run ------------------------------------------------------------------------------------
+
+    def run(self, until: float, tick: Callable[[float], None] | None = None) -> None:
+        # The serving path (proxy, ingress) before the router sees a request: the fleet's first profile's.
+        path = self.config.fleet[0].profile.request_path_s if self.config.fleet else 0.0
+        for req in self.requests:
+            self.q.at(req.arrival + path, self._route, req)
+        for replica in self.replicas:
+            self._start_publishing(replica)
+        for f in self.config.failures:
+            self.q.at(f.at_s, self._fail, f)
+        self.q.at(0.0, self._sample_timeline)
+        if self.config.controller is not None:
+            self.q.at(self.config.control_period_s, self._control)
+        self.q.run(until, tick)
+
+    def _alive(self) -> list[SimReplica]:
+        return [r for r in self.replicas if r.alive]
+
+    def _route(self, req: Request) -> None:
+        if req.outcome != "pending":
+            return
+        choice = self.router.choose(req, self._alive(), self.q.now)
+        if choice.action == "shed":
+            req.outcome, req.finish = "shed", self.q.now
+            return
+        by_id = {r.replica_id: r for r in self.replicas} if choice.ranking else {}
+        for replica_id in choice.ranking:
+            replica = by_id.get(replica_id)
+            if replica is None or not replica.has_slot():
+                continue  # Serve tries the next choice when the first is at max_ongoing_requests
+            refusal = replica.admit(req)
+            if refusal is not None:  # the engine's own refusal: KV exhausted -> 429
+                req.outcome, req.finish = "refused", self.q.now
+                return
+            self.free_slots -= 1
+            self.router.routed(replica_id, req, self.q.now)
+            if not replica.stepping:
+                self._step(replica)
+            return
+        self.waiting.append(req)
+
+    def _retry_waiting(self) -> None:
+        for _ in range(len(self.waiting)):
+            if self.free_slots <= 0:
+                return
+            req = self.waiting.popleft()
+            before = len(self.waiting)
+            self._route(req)
+            if len(self.waiting) > before:  # still no room for the head: keep FIFO order, stop
+                self.waiting.rotate(1)
+                return
+
+    def _step(self, replica: SimReplica) -> None:
+        plan = replica.plan()
+        if plan is None:
+            replica.stepping = False
+            return
+        replica.stepping = True
+        self.q.after(plan.seconds, self._end_step, replica, plan, self._epoch.get(replica.replica_id, 0))
+
+    def _end_step(self, replica: SimReplica, plan: Plan, epoch: int) -> None:
+        if not replica.alive or epoch != self._epoch.get(replica.replica_id, 0):
+            return
+        _, done = replica.complete(plan, self.q.now)
+        self.free_slots += len(done)
+        for req in done:
+            self.router.completed(replica.replica_id, req, self.q.now)
+        if done and self.config.controller is not None:
+            self._finished.setdefault(replica.replica_id, []).extend(done)
+        self._step(replica)
+        if done and self.waiting:
+            self._retry_waiting()
+
+    # ---- stats, failures, control ------------------------------------------------------------------
+
+    def _start_publishing(self, replica: SimReplica) -> None:
+        self._recent[replica.replica_id] = RecentRounds()
+        self.q.after(self.rng.random() * self.config.stats_period_s, self._publish, replica)
+
+    def _publish(self, replica: SimReplica) -> None:
+        if not replica.alive:
+            return
+        stats = snapshot(replica, self._recent[replica.replica_id], self.q.now)
+        self.q.after(self.config.stats_delay_s, self._deliver, replica.replica_id, stats)
+        self.q.after(self.config.stats_period_s, self._publish, replica)
+
+    def _deliver(self, replica_id: str, stats: dict) -> None:
+        if replica_id in self._epoch and self._epoch[replica_id] < 0:
+            return  # the replica died meanwhile
+        self._visible[replica_id] = stats
+
+    def _fail(self, f: Failure) -> None:
+        alive = self._alive()
+        if not alive:
+            return
+        replica = alive[f.replica % len(alive)]
+        self.free_slots -= replica.profile.max_num_seqs - len(replica.seqs)
+        replica.fail(self.q.now)
+        self._epoch[replica.replica_id] = -1
+        self._visible.pop(replica.replica_id, None)
+        self.router.forget(replica.replica_id)
+        self.retired.append(replica)
+        self.replicas.remove(replica)
+        self.q.after(f.downtime_s, self._replace, replica)
+
+    def _replace(self, dead: SimReplica) -> None:
+        group = self._group_of[dead.replica_id]
+        fresh = self._add(group, f"{dead.replica_id}~{len(self.retired)}")
+        self.free_slots += fresh.profile.max_num_seqs
+        self._start_publishing(fresh)
+        self._retry_waiting()
+
+    def _control(self) -> None:
+        assert self.config.controller is not None
+        finished, self._finished = self._finished, {}
+        by_id = {r.replica_id: r for r in self.replicas}
+        for replica_id, budget in self.config.controller(self.q.now, self._alive(), finished).items():
+            if replica_id in by_id:
+                by_id[replica_id].set_draft_budget(budget)
+        self.q.after(self.config.control_period_s, self._control)
+
+    def _sample_timeline(self) -> None:
+        reps = self.replicas + self.retired
+        tokens = sum(r.counters.generated_tokens for r in reps)
+        rounds = sum(r.counters.rounds for r in reps)
+        drafted = sum(r.counters.drafted_tokens for r in reps)
+        period = self.config.timeline_period_s
+        d_rounds = rounds - self._last_rounds[0]
+        tl = self.timeline
+        tl.t.append(self.q.now)
+        tl.tokens_per_s.append((tokens - self._last_tokens) / period if tl.t[1:] else 0.0)
+        tl.verify_per_round.append((drafted - self._last_rounds[1]) / d_rounds if d_rounds else 0.0)
+        tl.running.append(sum(len(r.seqs) for r in self.replicas))
+        tl.waiting.append(len(self.waiting))
+        self._last_tokens, self._last_rounds = tokens, (rounds, drafted)
+        self.q.after(period, self._sample_timeline)
+
+    def all_replicas(self) -> list[SimReplica]:
+        return self.replicas + self.retired

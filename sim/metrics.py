@@ -1,0 +1,56 @@
+"""What a run achieved: SLA attainment, goodput, throughput, latency percentiles, per class.
+
+A request attains its SLA when it finished with TTFT and TPOT within its class's targets; shed (429 by
+the router), refused (429 by the engine), failed (its replica died) and unfinished requests miss it.
+Only requests that arrived after the warm-up count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+from router.policy import Sla
+from sim.workload import Request
+
+
+def attained(req: Request, sla: Sla) -> bool:
+    if req.outcome != "done":
+        return False
+    return req.ttft <= sla.ttft_s and req.tpot <= sla.tpot_s
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 6) if values else None
+
+
+def summarize(
+    requests: Iterable[Request], classes: Mapping[str, Sla], warmup_s: float, duration_s: float
+) -> dict:
+    reqs = [r for r in requests if warmup_s <= r.arrival < duration_s]
+    window = duration_s - warmup_s
+    done = [r for r in reqs if r.outcome == "done"]
+    ok = [r for r in reqs if attained(r, classes[r.sla_class])]
+    out = {
+        "requests": len(reqs),
+        "finished": len(done),
+        "shed": sum(r.outcome == "shed" for r in reqs),
+        "refused": sum(r.outcome == "refused" for r in reqs),
+        "failed": sum(r.outcome == "failed" for r in reqs),
+        "unfinished": sum(r.outcome == "pending" for r in reqs),
+        "attainment": round(len(ok) / len(reqs), 6) if reqs else None,
+        "goodput_rps": round(len(ok) / window, 6),
+        "throughput_rps": round(len(done) / window, 6),
+        "output_tok_s": round(sum(r.generated for r in done) / window, 3),
+        "ttft_p50_s": _pct([r.ttft for r in done], 50),
+        "ttft_p99_s": _pct([r.ttft for r in done], 99),
+        "tpot_p50_s": _pct([r.tpot for r in done if r.generated > 1], 50),
+        "tpot_p99_s": _pct([r.tpot for r in done if r.generated > 1], 99),
+        "by_class": {},
+    }
+    for name in sorted({r.sla_class for r in reqs}):
+        mine = [r for r in reqs if r.sla_class == name]
+        good = sum(attained(r, classes[name]) for r in mine)
+        out["by_class"][name] = {"requests": len(mine), "attainment": round(good / len(mine), 6)}
+    return out

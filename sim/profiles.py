@@ -1,0 +1,121 @@
+"""Cost and acceptance profiles: what one replica's steps cost and how often drafts are accepted.
+
+A profile is a data file under sim/profiles/ citing its sources and stating its assumptions. A step of B
+tokens over N decoding requests, n of them drafting, takes
+
+    1 / SPS(B) + step_overhead + N request_overhead + B token_overhead
+      + (draft_s_per_step + n draft_s_per_request, when anything is drafted)
+
+seconds, times the replica's slow-down factor and the profile's serving slowdown; a request reaches its
+replica `request_path_s` after it arrives. SPS(B) is the engine's own cost table class
+(dspark.cost_table.CostTable: isotonic smoothing, linear interpolation) over the profile's points.
+Acceptance is per position: `acceptance[domain][j-1]` is the probability that drafted token j is
+accepted given tokens 1..j-1 were; confidences are taken as calibrated (equal to it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from dspark.cost_table import CostTable
+
+PROFILE_DIR = Path(__file__).parent / "profiles"
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    sps_points: tuple[int, ...]
+    sps_rates: tuple[float, ...]
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    kv_pages: int
+    page_size: int
+    gamma: int
+    acceptance: Mapping[str, tuple[float, ...]]
+    step_overhead_s: float = 0.0
+    request_overhead_s: float = 0.0
+    token_overhead_s: float = 0.0
+    draft_s_per_step: float = 0.0
+    draft_s_per_request: float = 0.0
+    # The serving path: seconds from the client to the replica (proxy, ingress, router), and how much
+    # slower the engine steps when served (processes sharing its cores) than alone.
+    request_path_s: float = 0.0
+    serving_slowdown: float = 1.0
+    sources: tuple[str, ...] = ()
+    assumptions: tuple[str, ...] = ()
+    # Shared by every replica of this profile: the engine's table, and memoised verify-length choices.
+    cache: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
+
+    def __post_init__(self) -> None:
+        for domain, row in self.acceptance.items():
+            if len(row) < self.gamma or not all(0 <= c <= 1 for c in row):
+                raise ValueError(f"acceptance[{domain!r}] needs {self.gamma} probabilities in [0, 1]")
+
+    def cost_table(self) -> CostTable:
+        if "table" not in self.cache:
+            self.cache["table"] = CostTable(
+                list(self.sps_points), list(self.sps_rates), self.max_num_batched_tokens, source="given"
+            )
+        return self.cache["table"]
+
+    def step_seconds(self, tokens: int, requests: int, drafting: int, table: CostTable) -> float:
+        seconds = 1.0 / table(tokens) + self.step_overhead_s
+        seconds += requests * self.request_overhead_s + tokens * self.token_overhead_s
+        if drafting:
+            seconds += self.draft_s_per_step + drafting * self.draft_s_per_request
+        return seconds
+
+    def scaled(self, speed: float, name: str | None = None) -> Profile:
+        """The same replica `speed` times faster (e.g. a larger TP group): every rate scaled."""
+        return replace(
+            self,
+            name=name or f"{self.name}x{speed:g}",
+            sps_rates=tuple(r * speed for r in self.sps_rates),
+            step_overhead_s=self.step_overhead_s / speed,
+            request_overhead_s=self.request_overhead_s / speed,
+            token_overhead_s=self.token_overhead_s / speed,
+            draft_s_per_step=self.draft_s_per_step / speed,
+            draft_s_per_request=self.draft_s_per_request / speed,
+            cache={},
+        )
+
+    def published_table(self) -> list[list[float]]:
+        """The table as a replica publishes it for the router (deployments/replica_state.py)."""
+        table = self.cost_table()
+        return [[b, round(r, 3)] for b, r in zip(table.points, table.smoothed)]
+
+
+def load(name_or_path: str | Path) -> Profile:
+    """A profile by name (a file under sim/profiles/) or by path."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PROFILE_DIR / f"{name_or_path}.json"
+    data = json.loads(path.read_text())
+    return Profile(
+        name=data["name"],
+        sps_points=tuple(int(b) for b in data["sps"]["points"]),
+        sps_rates=tuple(float(r) for r in data["sps"]["rates"]),
+        max_num_batched_tokens=int(data["max_num_batched_tokens"]),
+        max_num_seqs=int(data["max_num_seqs"]),
+        kv_pages=int(data["kv_pages"]),
+        page_size=int(data["page_size"]),
+        gamma=int(data["gamma"]),
+        acceptance={k: tuple(float(c) for c in v) for k, v in data["acceptance"].items()},
+        step_overhead_s=float(data.get("step_overhead_s", 0.0)),
+        request_overhead_s=float(data.get("request_overhead_s", 0.0)),
+        token_overhead_s=float(data.get("token_overhead_s", 0.0)),
+        draft_s_per_step=float(data.get("draft_s_per_step", 0.0)),
+        draft_s_per_request=float(data.get("draft_s_per_request", 0.0)),
+        request_path_s=float(data.get("request_path_s", 0.0)),
+        serving_slowdown=float(data.get("serving_slowdown", 1.0)),
+        sources=tuple(data.get("sources", ())),
+        assumptions=tuple(data.get("assumptions", ())),
+    )
+
+
+def available() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))

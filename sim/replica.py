@@ -1,0 +1,274 @@
+"""One target replica, stepping as dspark/engine.py does, with the forward's time taken from a profile.
+
+Real engine code decides everything the engine decides: admission and KV pages (dspark.kv_cache.
+PageManager: a request reserves prompt + max_tokens at admission, pages are handed out per step and
+rolled back after verification), the per-request draft caps (Engine._draft_cap: gamma, cut to the tokens
+left and to the DraftBudget), whether to draft at all (dspark.draft_gate.DraftGate), and the verify
+lengths (dspark.verify_policy's policy for the scheduler mode, over the engine's CostTable). What the
+step would compute is modelled: its duration (sim/profiles.py) and which drafted tokens the target
+accepts, drawn position by position from the request's domain's acceptance profile.
+
+Verify-length choices are memoised per composition: requests of one domain and one cap have identical
+survival rows, so the policy runs on the batch sorted by (domain, cap) and each group's lengths go back
+to its members in arrival order (the engine's own tie-break between identical rows). Ties between rows of
+different groups that happen to share a survival value may resolve differently from the engine's
+arrival-order tie-break; it changes which request verifies a token, not how many are verified.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+
+from dspark.draft_budget import DraftBudget
+from dspark.draft_gate import DraftGate
+from dspark.errors import AdmissionError
+from dspark.kv_cache import PageManager
+from dspark.scheduler import survival
+from dspark.verify_policy import SCHEDULED_MODES, VerifyRound, make_policy, window_limit
+from sim.profiles import Profile
+from sim.workload import Request
+
+MAX_MEMO = 200_000
+
+
+@dataclass(slots=True)
+class SimSeq:
+    req: Request
+    key: str
+    computed: int = 0  # tokens whose K/V is in the cache
+    generated: int = 0
+    decoding: bool = False
+
+    @property
+    def remaining(self) -> int:
+        return self.req.max_tokens - self.generated
+
+
+@dataclass(slots=True)
+class Plan:
+    """One step as the engine would run it: who verifies how much, which prompt chunks run, how long."""
+
+    decoding: list[SimSeq]
+    lengths: list[int]
+    chunks: list[tuple[SimSeq, int]]
+    tokens: int
+    drafting: bool
+    draft_seconds: float
+    forward_seconds: float
+    seconds: float
+
+
+@dataclass
+class Counters:
+    """Cumulative, as dspark.stats.EngineStats counts them (the routing stats derive rates from them)."""
+
+    steps: int = 0
+    rounds: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    generated_tokens: int = 0
+    prompt_tokens: int = 0
+    finished_requests: int = 0
+    step_time_s: float = 0.0
+    forward_time_s: float = 0.0
+    max_pages_used: int = 0
+    # Request-rounds by (drafts verified, drafts accepted): acceptance by position follows from it.
+    verify_accept: Counter = field(default_factory=Counter)
+
+
+class SimReplica:
+    def __init__(
+        self,
+        replica_id: str,
+        profile: Profile,
+        scheduler: str = "dspark",
+        drafting: bool = True,
+        slow: float = 1.0,
+        seed: int = 0,
+        draft_gate: bool = True,
+    ) -> None:
+        self.replica_id, self.profile, self.scheduler = replica_id, profile, scheduler
+        self.slow = slow * profile.serving_slowdown
+        self.pages = PageManager(profile.kv_pages, profile.page_size)
+        self.table = profile.cost_table()
+        self.policy = make_policy(scheduler)
+        self.gamma = window_limit(scheduler, profile.gamma) if drafting else 0
+        self.gate = DraftGate() if draft_gate and scheduler in SCHEDULED_MODES and self.gamma > 0 else None
+        self.budget = DraftBudget()
+        self.seqs: dict[int, SimSeq] = {}  # arrival order
+        self.rng = random.Random(seed)
+        self.counters = Counters()
+        self.stepping = False
+        self.alive = True
+        self._memo = profile.cache.setdefault(("lengths", scheduler), {})
+        # What it publishes for the router: the engine's table heals online from observed step times
+        # (dspark/cost_table.py), so a slow node's published rates are its true ones.
+        self.published_table = [[b, round(r / self.slow, 3)] for b, r in profile.published_table()]
+        self._survival = {d: survival(row[: profile.gamma]) for d, row in profile.acceptance.items()}
+
+    # ---- admission ----------------------------------------------------------------------------------
+
+    def has_slot(self) -> bool:
+        return self.alive and len(self.seqs) < self.profile.max_num_seqs
+
+    def admit(self, req: Request) -> str | None:
+        """Take the request (None) or refuse it with the engine's reason (KV exhausted, engine full)."""
+        if len(self.seqs) >= self.profile.max_num_seqs:
+            return f"engine full: {len(self.seqs)} of max_num_seqs={self.profile.max_num_seqs} running"
+        key = str(req.rid)
+        try:
+            self.pages.reserve(key, req.prompt_tokens + req.max_tokens)
+        except AdmissionError as exc:
+            return str(exc)
+        self.seqs[req.rid] = SimSeq(req, key)
+        self.counters.prompt_tokens += req.prompt_tokens
+        req.replica = self.replica_id
+        return None
+
+    def set_draft_budget(self, budget: DraftBudget) -> None:
+        self.budget = budget
+
+    # ---- the step -----------------------------------------------------------------------------------
+
+    def plan(self) -> Plan | None:
+        """The next step (Engine.step up to the forward), or None when nothing runs."""
+        budget = self.profile.max_num_batched_tokens
+        decoding = [s for s in self.seqs.values() if s.decoding]
+        prefilling = [s for s in self.seqs.values() if not s.decoding]
+        step_cap = budget - len(decoding)
+        if self.budget.max_step_tokens is not None:
+            step_cap = min(step_cap, self.budget.max_step_tokens)
+        caps = []
+        for s in decoding:
+            cap = min(self.gamma, s.remaining - 1, step_cap)
+            limit = self.budget.request_cap(s.req.sla_class)
+            caps.append(max(0, cap if limit is None else min(cap, limit)))
+        drafting = self.gate is None or self.gate.should_draft(len(decoding), self.table)
+        if not drafting:
+            caps = [0] * len(caps)
+        lengths = self._lengths(decoding, caps, step_cap)
+        tokens = len(decoding) + sum(lengths)
+        left = budget - tokens
+        chunks = []
+        for s in prefilling:
+            if left <= 0:
+                break
+            n = min(s.req.prompt_tokens - s.computed, left)
+            chunks.append((s, n))
+            left -= n
+        if not decoding and not chunks:
+            return None
+        tokens = budget - left
+        for s, n in zip(decoding, lengths):
+            self.pages.ensure(s.key, s.computed + 1 + n)
+        for s, n in chunks:
+            self.pages.ensure(s.key, s.computed + n)
+        used = self.pages.num_pages - self.pages.num_free_pages
+        self.counters.max_pages_used = max(self.counters.max_pages_used, used)
+        drafters = sum(1 for c in caps if c > 0)
+        forward = self.slow / self.table(tokens)
+        seconds = self.slow * self.profile.step_seconds(tokens, len(decoding), drafters, self.table)
+        draft = self.slow * (self.profile.draft_s_per_step + drafters * self.profile.draft_s_per_request)
+        return Plan(decoding, lengths, chunks, tokens, drafting, draft if drafters else 0.0, forward, seconds)
+
+    def _lengths(self, decoding: list[SimSeq], caps: list[int], step_cap: int) -> list[int]:
+        """The engine's verify-length policy on this batch (memoised per composition, see the docstring)."""
+        if not decoding:
+            return []
+        groups = Counter((s.req.domain, c) for s, c in zip(decoding, caps))
+        order = sorted(groups)
+        # A step cap at or above every window summed never binds (the walk ends first): one memo entry.
+        step_cap = min(step_cap, sum(caps))
+        key = (step_cap, tuple((g, groups[g]) for g in order))
+        by_group = self._memo.get(key)
+        if by_group is None:
+            windows, rows = [], []
+            for domain, cap in order:
+                windows += [cap] * groups[(domain, cap)]
+                rows += [self._survival[domain][:cap]] * groups[(domain, cap)]
+            chosen = self.policy.choose(VerifyRound(windows, rows, step_cap, self.table, None))
+            by_group, i = {}, 0
+            for g in order:
+                by_group[g] = chosen[i : i + groups[g]]
+                i += groups[g]
+            if len(self._memo) > MAX_MEMO:
+                self._memo.clear()
+            self._memo[key] = by_group
+        taken = Counter()
+        lengths = []
+        for s, c in zip(decoding, caps):
+            g = (s.req.domain, c)
+            lengths.append(by_group[g][taken[g]])
+            taken[g] += 1
+        return lengths
+
+    def complete(self, plan: Plan, now: float) -> tuple[list[Request], list[Request]]:
+        """The step's results at its end: (requests that got their first token, requests finished)."""
+        c = self.counters
+        c.steps += 1
+        c.step_time_s += plan.seconds
+        c.forward_time_s += plan.forward_seconds
+        first, done = [], []
+        accepted_total = 0
+        rng = self.rng.random
+        for s, n in zip(plan.decoding, plan.lengths):
+            if s.req.rid not in self.seqs:
+                continue  # failed or aborted during the step
+            row = self.profile.acceptance[s.req.domain]
+            a = 0
+            while a < n and rng() < row[a]:
+                a += 1
+            if n:
+                c.verify_accept[n, a] += 1
+            s.computed += 1 + a
+            self.pages.truncate(s.key, s.computed)
+            s.generated += a + 1
+            c.rounds += 1
+            c.drafted_tokens += n
+            c.accepted_tokens += a
+            c.generated_tokens += a + 1
+            accepted_total += a
+            if s.generated >= s.req.max_tokens:
+                done.append(self._finish(s, now))
+        for s, n in plan.chunks:
+            if s.req.rid not in self.seqs:
+                continue
+            s.computed += n
+            if s.computed == s.req.prompt_tokens:
+                s.decoding = True
+                s.generated = 1
+                c.generated_tokens += 1
+                s.req.first_token = now
+                first.append(s.req)
+                if s.req.max_tokens <= 1:
+                    done.append(self._finish(s, now))
+        if self.gate is not None and plan.decoding:
+            self.gate.record(
+                plan.drafting,
+                len(plan.decoding),
+                accepted_total,
+                sum(plan.lengths),
+                plan.draft_seconds,
+                self.table,
+            )
+        return first, done
+
+    def _finish(self, s: SimSeq, now: float) -> Request:
+        del self.seqs[s.req.rid]
+        self.pages.release(s.key)
+        s.req.finish, s.req.generated, s.req.outcome = now, s.generated, "done"
+        self.counters.finished_requests += 1
+        return s.req
+
+    def fail(self, now: float) -> list[Request]:
+        """The replica dies: every request on it fails; it takes nothing until it is replaced."""
+        lost = []
+        for s in list(self.seqs.values()):
+            self.pages.release(s.key)
+            s.req.outcome, s.req.finish, s.req.generated = "failed", now, s.generated
+            lost.append(s.req)
+        self.seqs.clear()
+        self.alive = False
+        return lost

@@ -1,0 +1,50 @@
+"""What a simulated replica publishes for the router: deployments/replica_state.py's snapshot, key for key.
+
+The real replica builds it from its Engine; here it comes from the SimReplica's state and counters, with
+the recent-rounds rates computed by the real deployments.replica_state.RecentRounds.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from deployments.replica_state import COUNTERS, MAX_REMAINING_REPORTED, RecentRounds
+from dspark.verify_policy import SCHEDULED_MODES
+from sim.replica import SimReplica
+
+
+def snapshot(replica: SimReplica, recent: RecentRounds, now: float) -> dict:
+    seqs = list(replica.seqs.values())
+    queued = [s for s in seqs if not s.decoding]
+    c = replica.counters
+    pages = replica.pages
+    return {
+        "ts": now,
+        "running_requests": len(seqs) - len(queued),
+        "queued_requests": len(queued),
+        "queued_prefill_tokens": sum(s.req.prompt_tokens - s.computed for s in queued),
+        "kv_unreserved_pages": pages.num_unreserved_pages,
+        "kv_total_pages": pages.num_pages,
+        "kv_headroom": pages.num_unreserved_pages / pages.num_pages,
+        "kv_page_size": pages.page_size,
+        "max_num_seqs": replica.profile.max_num_seqs,
+        "max_num_batched_tokens": replica.profile.max_num_batched_tokens,
+        "remaining_tokens": sorted(s.remaining for s in seqs)[:MAX_REMAINING_REPORTED],
+        "running_by_class": dict(Counter(s.req.sla_class for s in seqs)),
+        "running_keys": [s.key for s in seqs],
+        "finished_requests": c.finished_requests,
+        "aborted_requests": 0,
+        **{name: getattr(c, name) for name in COUNTERS},
+        **recent.update(c.rounds, c.accepted_tokens, c.drafted_tokens, c.step_time_s, c.forward_time_s),
+        "draft_window": replica.gamma,
+        "adaptive_verify": replica.scheduler in SCHEDULED_MODES,
+        "draft_budget": replica.budget.to_dict(),
+        "sps_table": replica.published_table,
+        "healthy": replica.alive,
+        # deployments/replica_state.prefix_cache: prefix caching is not simulated (disabled here).
+        "prefix_cache": {
+            **replica.pages.routing_summary(),
+            "prompt_tokens": c.prompt_tokens,
+            "cached_prompt_tokens": 0,
+        },
+    }

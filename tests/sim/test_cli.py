@@ -1,0 +1,45 @@
+"""python -m sim writes its results JSON and both plots; bench/sim.py's summary math."""
+
+from __future__ import annotations
+
+import json
+
+from bench.sim import goodput_at_sla, summary
+from sim.__main__ import main
+
+
+def test_cli_runs_a_grid_and_writes_json_and_pngs(tmp_path):
+    main(
+        ["--profile", "cpu_measured", "--replicas", "2", "--router", "pow2,sla", "--scheduler", "engine",
+         "--load", "0.5", "--duration", "4", "--warmup", "1", "--drain", "10", "--out", str(tmp_path)]
+    )  # fmt: skip
+    report = json.loads((tmp_path / "sim.json").read_text())
+    assert [(r["scenario"]["router"], r["scenario"]["load"]) for r in report["runs"]] == [
+        ("pow2", 0.5),
+        ("sla", 0.5),
+    ]
+    for run in report["runs"]:
+        assert run["summary"]["requests"] > 0 and run["summary"]["unfinished"] == 0
+    assert (tmp_path / "attainment.png").stat().st_size > 0 and (tmp_path / "budget.png").stat().st_size > 0
+
+
+def _row(router, scheduler, load, offered, attainment, goodput, replicas=100):
+    return {
+        "scenario": {"router": router, "scheduler": scheduler, "load": load, "replicas": replicas},
+        "offered_rps": offered,
+        "summary": {"attainment": attainment, "goodput_rps": goodput},
+    }
+
+
+def test_goodput_at_sla_interpolates_where_attainment_crosses_90_percent():
+    rows = [
+        _row("sla", "engine", 0.5, 50.0, 1.0, 50.0),
+        _row("sla", "engine", 0.8, 80.0, 0.95, 76.0),
+        _row("sla", "engine", 1.1, 110.0, 0.85, 93.5),
+        _row("pow2", "fixed", 0.5, 50.0, 0.8, 40.0),
+    ]
+    got = goodput_at_sla(rows, 100)
+    assert got["sla+engine"] == 95.0  # halfway from 0.95 at 80 to 0.85 at 110
+    assert got["pow2+fixed"] is None  # never reaches 90%
+    s = summary(rows + [_row("pow2", "fixed", 0.8, 80.0, 0.5, 40.0)])
+    assert s["goodput_ratio_vs_pow2_fixed_at_80pct"] == 1.9 and s["attainment_at_80pct"] == 0.95

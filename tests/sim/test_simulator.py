@@ -1,0 +1,197 @@
+"""The simulator's invariants: conservation of requests and tokens, KV never over capacity, determinism
+under a seed, and that the engine's and the router's own policies are the ones deciding."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+import pytest
+
+import dspark.verify_policy
+import router.balancer
+from dspark.scheduler import survival
+from dspark.verify_policy import VerifyRound, make_policy
+from router.policy import Sla
+from sim.cluster import Cluster, ClusterConfig, Failure, Group
+from sim.profiles import Profile, available, load
+from sim.replica import SimReplica
+from sim.workload import Request, Workload, generate
+
+CLASSES = {
+    "interactive": Sla("interactive", 0.5, 0.03, 0, True),
+    "standard": Sla("standard", 3.0, 0.06, 1, False),
+}
+
+
+def small_profile(**overrides) -> Profile:
+    """A GPU-like replica, small enough that a test fills it: flat SPS up to 64 tokens, then falling."""
+    base = Profile(
+        name="test",
+        sps_points=(1, 64, 128, 256),
+        sps_rates=(100.0, 100.0, 60.0, 30.0),
+        max_num_batched_tokens=256,
+        max_num_seqs=16,
+        kv_pages=64,
+        page_size=16,
+        gamma=7,
+        acceptance={"easy": (0.95,) + (0.85,) * 6, "hard": (0.6,) + (0.4,) * 6},
+        draft_s_per_step=0.0005,
+    )
+    return dataclasses.replace(base, **overrides)
+
+
+def workload(rate: float = 20.0, seed: int = 3, duration: float = 10.0) -> Workload:
+    return Workload(
+        rate=rate,
+        duration_s=duration,
+        seed=seed,
+        classes={"interactive": 1, "standard": 1},
+        domains={"easy": 1, "hard": 1},
+        prompt_median=64,
+        output_median=48,
+        long_prompt_share=0.1,
+        long_prompt_factor=6,
+        max_prompt=600,
+        max_output=200,
+    )
+
+
+def simulate(router: str = "sla", scheduler: str = "dspark", seed: int = 3, rate: float = 20.0, **kw):
+    requests = generate(workload(rate, seed))
+    config = ClusterConfig(
+        fleet=[Group(small_profile(), 3, scheduler)],
+        classes=CLASSES,
+        default_class="standard",
+        router=router,
+        seed=seed,
+        **kw,
+    )
+    cluster = Cluster(config, requests)
+    cluster.run(200.0)
+    return cluster, requests
+
+
+@pytest.mark.parametrize("router_arm", ["pow2", "round_robin", "sla"])
+def test_every_request_ends_once_and_tokens_are_conserved(router_arm):
+    cluster, requests = simulate(router_arm)
+    outcomes = Counter(r.outcome for r in requests)
+    assert outcomes["pending"] == 0 and not cluster.waiting  # drained: every request reached an end
+    assert set(outcomes) <= {"done", "shed", "refused"}
+    done = [r for r in requests if r.outcome == "done"]
+    assert done and all(r.generated == r.max_tokens for r in done)  # each ran to its length, no more
+    assert all(r.first_token is not None and r.arrival <= r.first_token <= r.finish for r in done)
+    replicas = cluster.all_replicas()
+    assert sum(r.counters.generated_tokens for r in replicas) == sum(r.generated for r in done)
+    assert sum(r.counters.finished_requests for r in replicas) == len(done)
+    assert sum(r.counters.prompt_tokens for r in replicas) == sum(r.prompt_tokens for r in done)
+    assert cluster.free_slots == sum(r.profile.max_num_seqs - len(r.seqs) for r in cluster.replicas)
+    for r in replicas:
+        assert r.counters.accepted_tokens <= r.counters.drafted_tokens
+        assert not r.seqs and r.pages.num_free_pages == r.pages.num_pages  # every page came back
+
+
+def test_kv_never_over_capacity_and_the_engine_refuses_what_it_cannot_hold():
+    # Long prompts into a 64-page cache: admission must refuse some rather than overfill.
+    cluster, requests = simulate("round_robin", rate=60.0)
+    assert any(r.outcome == "refused" for r in requests)
+    for r in cluster.all_replicas():
+        assert 0 < r.counters.max_pages_used <= r.pages.num_pages
+
+
+def test_same_seed_same_run_other_seed_other_run():
+    def fingerprint(seed):
+        _, requests = simulate("sla", seed=seed)
+        return [(r.outcome, r.replica, r.first_token, r.finish) for r in requests]
+
+    assert fingerprint(5) == fingerprint(5)
+    assert fingerprint(5) != fingerprint(6)
+
+
+def test_the_real_router_and_scheduler_decide(monkeypatch):
+    calls = Counter()
+    decide, schedule = router.balancer.decide, dspark.verify_policy.schedule
+
+    def counting_decide(*args, **kwargs):
+        calls["decide"] += 1
+        return decide(*args, **kwargs)
+
+    def counting_schedule(*args, **kwargs):
+        calls["schedule"] += 1
+        return schedule(*args, **kwargs)
+
+    monkeypatch.setattr(router.balancer, "decide", counting_decide)
+    monkeypatch.setattr(dspark.verify_policy, "schedule", counting_schedule)
+    _, requests = simulate("sla")
+    assert calls["decide"] >= len(requests)  # every request was decided by router.policy.decide
+    assert calls["schedule"] > 0  # verify lengths came from dspark.scheduler's Algorithm 1
+
+
+def test_verify_lengths_are_the_engines_own_on_the_same_batch():
+    profile = small_profile()
+    replica = SimReplica("r", profile, "dspark")
+    domains = ["hard", "easy", "easy", "hard", "easy"] * 3
+    for i, domain in enumerate(domains):
+        assert replica.admit(Request(i, 0.0, 8, 40, "standard", domain)) is None
+    for s in replica.seqs.values():
+        s.decoding, s.computed, s.generated = True, 8, 1
+    decoding = list(replica.seqs.values())
+    caps = [7] * len(decoding)
+    got = replica._lengths(decoding, caps, step_cap=256 - len(decoding))
+    rows = [survival(profile.acceptance[d][:7]) for d in domains]
+    want = make_policy("dspark").choose(VerifyRound(caps, rows, 256 - len(decoding), profile.cost_table()))
+    assert got == want
+    assert replica._lengths(decoding, caps, step_cap=256 - len(decoding)) == want  # memoised: same answer
+
+
+def test_fixed_block_verifies_the_whole_window_and_the_scheduler_prunes_under_load():
+    def mean_verified(scheduler, rate):
+        cluster, _ = simulate("pow2", scheduler, rate=rate)
+        reps = cluster.all_replicas()
+        return sum(r.counters.drafted_tokens for r in reps) / sum(r.counters.rounds for r in reps)
+
+    assert mean_verified("fixed", 20.0) > 6.0  # the block of 7, less the last rounds of each request
+    assert mean_verified("dspark", 40.0) < mean_verified("dspark", 2.0)
+
+
+def test_a_failed_replica_loses_its_requests_and_is_replaced():
+    cluster, requests = simulate("sla", failures=[Failure(5.0, 0, 2.0)])
+    failed = [r for r in requests if r.outcome == "failed"]
+    assert failed and all(r.finish == 5.0 for r in failed)
+    assert len(cluster.replicas) == 3 and len(cluster.retired) == 1
+    assert cluster.free_slots == sum(r.profile.max_num_seqs - len(r.seqs) for r in cluster.replicas)
+    assert sum(r.outcome == "pending" for r in requests) == 0
+
+
+def test_workloads_are_seeded_and_shaped():
+    bursty = dataclasses.replace(workload(duration=40.0), pattern="bursty", burst_on_s=5, burst_off_s=5)
+    trace = generate(bursty)
+    assert trace == generate(bursty)
+    assert trace and all(r.arrival % 10 < 5 for r in trace)  # nothing arrives while the burst is off
+    assert all(1 <= r.prompt_tokens <= 600 and 1 <= r.max_tokens <= 200 for r in trace)
+    with pytest.raises(ValueError, match="pattern"):
+        Workload(rate=1, duration_s=1, pattern="weekly")
+
+
+@pytest.mark.parametrize("name", available())
+def test_profiles_load_and_cite_their_sources(name):
+    profile = load(name)
+    assert profile.sources and profile.assumptions
+    table = profile.cost_table()
+    rates = [table(b) for b in range(1, profile.max_num_batched_tokens + 1)]
+    assert all(a >= b for a, b in zip(rates, rates[1:]))  # SPS never rises with B
+
+
+def test_published_stats_carry_every_key_a_real_replica_publishes(qwen3_dir):
+    """The router reads simulated replicas through the same keys as real ones (replica_state.snapshot)."""
+    from deployments.replica_state import RecentRounds
+    from deployments.replica_state import snapshot as real_snapshot
+    from dspark import Engine, EngineConfig
+    from sim.stats import snapshot
+
+    engine = Engine(EngineConfig(model=str(qwen3_dir), drafter="ngram", num_kv_pages=64, kv_page_size=8))
+    real = real_snapshot(engine)
+    simulated = snapshot(SimReplica("r", small_profile()), RecentRounds(), 0.0)
+    assert set(real) <= set(simulated)
+    for key in real:
+        assert type(simulated[key]) is type(real[key]) or real[key] is None, key

@@ -63,7 +63,10 @@ def test_summary_and_targets_from_synthetic_points() -> None:
         + _points("dspark_scheduled", [(1, 300, 300, 5), (4, 240, 960, 3), (16, 80, 1280, 0.5)])
         + [{"method": "hf_assisted", "concurrency": 1, "tok_s_user": 150, "tok_s_total": 140}]
     )
-    code = {"plain": {"tok_s_user": 100.0}, "dspark_scheduled": {"tok_s_user": 250.0}}
+    code = {
+        "plain": {"tok_s_user": 100.0, "mean_verify_tokens": 0.0},
+        "dspark_scheduled": {"tok_s_user": 250.0, "mean_verify_tokens": 5.0},
+    }
     s = summarize(points, code, anchor_factor=0.8)
     matched = s["matched_throughput_speedup_vs_mtp1"]
     # Overlap 300..1120: dspark 300 vs mtp1 at 300 (interp 150->480: 135), ... , 1120 (dspark interp).
@@ -77,3 +80,27 @@ def test_summary_and_targets_from_synthetic_points() -> None:
     assert sla["by_method"]["plain"]["tok_s_total"] == pytest.approx(360 + 600 * 10 / 30, abs=0.01)
     # Matched throughput, throughput vs plain, single stream on code, vs HF, verify budget shrinking.
     assert [t["result"] for t in s["targets"]] == ["pass"] * 5
+
+
+def test_no_ratio_is_credited_to_drafting_that_was_off() -> None:
+    """A scheduler that gated drafting off is plain decoding: its ratios are withheld, not reported."""
+    points = (
+        _points("plain", [(1, 100, 100, 0), (4, 90, 360, 0)])
+        + _points("plain_repeat", [(1, 95, 95, 0), (4, 90, 378, 0)])
+        + _points("mtp1", [(1, 150, 150, 1), (4, 120, 480, 1)])
+        + _points("dspark_scheduled", [(1, 130, 130, 0.03), (4, 120, 470, 0.0)])
+        + [{"method": "hf_assisted", "concurrency": 1, "tok_s_user": 100, "tok_s_total": 100}]
+    )
+    code = {
+        "plain": {"tok_s_user": 100.0, "mean_verify_tokens": 0.0},
+        "dspark_scheduled": {"tok_s_user": 130.0, "mean_verify_tokens": 0.03},
+    }
+    s = summarize(points, code, anchor_factor=0.8)
+    assert s["credited"] == {"single_stream": False, "hf_assisted": False, "sla_anchor": False}
+    assert s["single_stream_speedup_vs_plain_code"] is None and s["speedup_vs_hf_assisted"] is None
+    assert s["matched_throughput_speedup_vs_mtp1"] is None
+    assert s["sla_anchor_throughput"]["dspark_scheduled_over_mtp1"] is None
+    assert s["noise_band_by_concurrency"] == {"1": 0.05, "4": 0.05} and s["noise_band"] == 0.05
+    results = {t["target"]: t["result"] for t in s["targets"]}
+    assert results["single stream >= 2x plain on code"] == "miss"
+    assert results["dspark_scheduled verify budget per request shrinks with concurrency"] == "miss"

@@ -104,3 +104,5 @@ def test_no_ratio_is_credited_to_drafting_that_was_off() -> None:
     results = {t["target"]: t["result"] for t in s["targets"]}
     assert results["single stream >= 2x plain on code"] == "miss"
     assert results["dspark_scheduled verify budget per request shrinks with concurrency"] == "miss"
+    # Faster than plain at every concurrency, but with drafting off: plain against plain, no pass.
+    assert results["dspark_scheduled aggregate tok/s >= plain at every concurrency"] == "miss"

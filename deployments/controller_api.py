@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from ray import serve
 
-from deployments.errors import NotFoundError, classify
+from deployments.errors import NotFoundError, error_response
 from dspark.errors import InvalidRequestError
 
 router = APIRouter(prefix="/admin/controller")
@@ -43,16 +43,6 @@ def _token(request: Request) -> str | None:
     return token.strip() if scheme.lower() == "bearer" else None
 
 
-def _error(exc: BaseException) -> Response:
-    info = classify(exc)
-    return Response(
-        json.dumps(info.openai_body()),
-        status_code=info.http_status,
-        headers=info.http_headers(),
-        media_type="application/json",
-    )
-
-
 async def _json(request: Request) -> dict:
     try:
         body = json.loads(await request.body() or b"{}")
@@ -68,7 +58,7 @@ async def state(request: Request) -> Response:
     try:
         return JSONResponse(await _ask("admin_state", _token(request)))
     except Exception as exc:
-        return _error(exc)
+        return error_response(exc)
 
 
 @router.get("/decisions")
@@ -76,7 +66,7 @@ async def decisions(request: Request, limit: int = 100) -> Response:
     try:
         return JSONResponse(await _ask("admin_decisions", _token(request), limit))
     except Exception as exc:
-        return _error(exc)
+        return error_response(exc)
 
 
 @router.post("/pin")
@@ -90,7 +80,7 @@ async def pin(request: Request) -> Response:
             raise InvalidRequestError("caps", "must be an object")
         return JSONResponse(await _ask("admin_pin", _token(request), replica_id, caps))
     except Exception as exc:
-        return _error(exc)
+        return error_response(exc)
 
 
 @router.delete("/pin/{replica_id}")
@@ -98,7 +88,7 @@ async def unpin(request: Request, replica_id: str) -> Response:
     try:
         return JSONResponse({"unpinned": await _ask("admin_unpin", _token(request), replica_id)})
     except Exception as exc:
-        return _error(exc)
+        return error_response(exc)
 
 
 @router.post("/pause")
@@ -109,4 +99,4 @@ async def pause(request: Request) -> Response:
             raise InvalidRequestError("paused", "must be true or false")
         return JSONResponse({"paused": await _ask("admin_pause", _token(request), paused)})
     except Exception as exc:
-        return _error(exc)
+        return error_response(exc)

@@ -8,11 +8,13 @@ A request schema's pydantic ValidationError becomes an InvalidRequestError here 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 from dataclasses import dataclass
 
 import grpc
+from fastapi.responses import Response
 from pydantic import ValidationError
 from ray.exceptions import RayActorError, RayTaskError, TaskCancelledError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
@@ -184,4 +186,17 @@ def classify(exc: BaseException) -> ErrorInfo:
     log.error("unexpected error while serving a request", exc_info=exc)
     return ErrorInfo(
         500, grpc.StatusCode.INTERNAL, "internal_error", f"internal error ({type(exc).__name__})"
+    )
+
+
+def error_response(exc: BaseException) -> Response:
+    """The HTTP answer to `exc`: its status, headers (a retry hint) and OpenAI error body."""
+    info = classify(exc)
+    # ASCII JSON: an error body must encode whatever its message quotes (JSONResponse writes UTF-8,
+    # which a lone surrogate cannot be).
+    return Response(
+        json.dumps(info.openai_body()),
+        status_code=info.http_status,
+        headers=info.http_headers(),
+        media_type="application/json",
     )

@@ -7,7 +7,6 @@ is a 400 naming its field in OpenAI's error shape, never FastAPI's 422 or a 500.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
@@ -17,7 +16,7 @@ from ray import serve
 
 from deployments import controller_api, validation
 from deployments import openai_format as fmt
-from deployments.errors import classify
+from deployments.errors import classify, error_response
 from deployments.frontend import Frontend, Stream, fail_span
 from dspark.errors import InvalidRequestError
 from dspark.telemetry import semconv
@@ -32,18 +31,6 @@ HEALTH_TIMEOUT_S = 5.0
 
 def _frontend() -> Frontend:
     return serve.get_replica_context().servable_object
-
-
-def _error(exc: BaseException) -> Response:
-    info = classify(exc)
-    # ASCII JSON: an error body must encode whatever its message quotes (JSONResponse writes UTF-8,
-    # which a lone surrogate cannot be).
-    return Response(
-        json.dumps(info.openai_body()),
-        status_code=info.http_status,
-        headers=info.http_headers(),
-        media_type="application/json",
-    )
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -64,7 +51,7 @@ async def health() -> Response:
     try:
         await asyncio.wait_for(_frontend().model_info(), HEALTH_TIMEOUT_S)
     except Exception as exc:
-        return _error(exc)
+        return error_response(exc)
     return JSONResponse({"status": "ok"})
 
 
@@ -74,7 +61,7 @@ async def models(request: Request) -> Response:
     try:
         frontend.authorize(request.headers.get("authorization"))
     except Exception as exc:
-        return _error(exc)
+        return error_response(exc)
     return JSONResponse(fmt.models_body(frontend.model_name, frontend.created))
 
 
@@ -102,7 +89,7 @@ async def _generate(request: Request, chat: bool) -> Response:
         stream = await frontend.open(req, span, request.headers)
     except Exception as exc:
         fail_span(span, exc)
-        return _error(exc)
+        return error_response(exc)
     rid = ("chatcmpl-" if chat else "cmpl-") + stream.request_id
     span.set({semconv.GEN_AI_RESPONSE_ID: rid, semconv.GEN_AI_REQUEST_STREAM: req.stream})
     if req.stream:
@@ -118,7 +105,7 @@ async def _generate(request: Request, chat: bool) -> Response:
                 parts.append(event.text)
                 last = event
     except Exception as exc:
-        return _error(exc)
+        return error_response(exc)
     build = fmt.chat_body if chat else fmt.completion_body
     return JSONResponse(build(rid, frontend.model_name, frontend.created, "".join(parts), last))
 

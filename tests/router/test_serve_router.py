@@ -159,7 +159,9 @@ def test_grpc_class_selection_by_field_and_metadata(serve_stack):
 
         def generate(sla_class: str, *metadata: tuple[str, str]) -> list:
             request = pb.GenerateRequest(
-                prompt="def f(x):", sampling=pb.SamplingOptions(max_tokens=4), sla_class=sla_class
+                prompt="def f(x):",
+                sampling=pb.SamplingOptions(max_tokens=4, ignore_eos=True),  # sampled: EOS could end it early
+                sla_class=sla_class,
             )
             return list(stub.Generate(request, metadata=(("application", APP), *metadata), timeout=60))
 

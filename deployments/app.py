@@ -46,10 +46,11 @@ def build_app(args: dict | AppConfig) -> Application:
     # The app's telemetry settings reach every replica process as OTEL_* variables.
     env = config.telemetry.env_vars()
     runtime_env = {"runtime_env": {"env_vars": env}} if env else {}
-    if env:
+    replica_env = {**env, **controller_export_env(config)}
+    if replica_env:
         actor = placement["ray_actor_options"]
         own = actor.get("runtime_env", {})
-        actor["runtime_env"] = {**own, "env_vars": {**env, **own.get("env_vars", {})}}
+        actor["runtime_env"] = {**own, "env_vars": {**replica_env, **own.get("env_vars", {})}}
     data = config.model_dump()
     # What only the ingress and the router read stays out of the replicas' arguments: changing the router
     # or the SLA classes restarts the ingress (cheap), never the replicas (their models stay loaded).
@@ -75,6 +76,19 @@ def build_app(args: dict | AppConfig) -> Application:
         max_queued_requests=config.max_queued_requests,
         ray_actor_options={"num_cpus": config.ingress_num_cpus, **runtime_env},
     ).bind(replica, data, controller)
+
+
+def controller_export_env(config: AppConfig) -> dict[str, str]:
+    """The target replicas' exporter pointed at the controller's OTLP receiver, when it has one and the
+    app names no collector of its own (a Collector then fans out to the controller); metrics are
+    exported once per controller period unless the app sets its own interval."""
+    settings = config.controller
+    if settings is None or settings.otlp_endpoint is None or config.telemetry.otlp_endpoint is not None:
+        return {}
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": settings.otlp_endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+    if config.telemetry.metric_export_interval_ms is None:
+        env["OTEL_METRIC_EXPORT_INTERVAL"] = str(int(settings.period_s * 1000))
+    return env
 
 
 def _builtin_placement(config: AppConfig) -> dict:

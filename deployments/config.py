@@ -37,6 +37,18 @@ class ControllerSettings(BaseModel):
     recalibrate: bool = Field(True, description="refit STS temperatures and rescale drifting cost tables")
     sts_threshold: float = Field(0.05, gt=0, lt=1, description="pooled ECE past which STS is refitted")
     sts_min_rounds: int = Field(200, ge=1)
+    # Its OTLP receiver (OTLP/gRPC, plaintext): the replicas' spans and metrics reach it there. Without
+    # the app's own telemetry.otlp_endpoint the replicas export straight to it; with one (a Collector),
+    # the Collector fans out to this address as well (docs/ARCHITECTURE.md §3).
+    otlp_port: int | None = Field(None, gt=0, lt=65536, description="port of the controller's OTLP receiver")
+    otlp_host: str = Field(
+        "127.0.0.1", min_length=1, description="address it binds, and replicas reach it at"
+    )
+
+    @property
+    def otlp_endpoint(self) -> str | None:
+        """Where exporters send to (the http:// scheme: plaintext gRPC); None with no receiver."""
+        return None if self.otlp_port is None else f"http://{self.otlp_host}:{self.otlp_port}"
 
     @model_validator(mode="after")
     def _policy_fields(self) -> ControllerSettings:

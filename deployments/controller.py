@@ -7,8 +7,11 @@ push was lost), back by broadcast: each replica takes its own entry. Replicas ke
 while the controller is down, and a restarted controller rebuilds its state from what they report,
 starting from the budget each holds. Pooled rounds refit the STS temperatures when their calibration
 drifts (controller/recalibration.py), pushed to every replica; a cost table the forwards drift from is
-rescaled. Each decision is a span event `dspark.controller.decision` with its evidence and reason,
-and, with `record_path`, a line of the controller's record (python -m controller.replay).
+rescaled. With `otlp_port`, it also hosts an OTLP receiver: what the replicas export (TTFT/TPOT per
+SLA class, calibration error, measured vs predicted forward time) is folded per period
+(controller/otlp.py) over the broadcast snapshot. Each decision is a span event
+`dspark.controller.decision` with its evidence and reason, and, with `record_path`, a line of the
+controller's record (python -m controller.replay).
 
 The admin surface (bearer token from `admin_tokens` required): state and decisions, pin or unpin a
 replica's caps, pause. Served over HTTP by the ingress (deployments/controller_api.py).
@@ -32,6 +35,7 @@ from controller.policy import Policy
 from controller.recalibration import CalibrationPool, DriftWatch, ObservedRound, refit
 from controller.telemetry import ReplicaTelemetry, from_routing_stats
 from deployments.config import AppConfig
+from deployments.controller_otlp import ExportedTelemetry
 from deployments.errors import NotFoundError, UnauthorizedError
 from deployments.telemetry import setup_process
 from dspark.draft_budget import DraftBudget
@@ -67,6 +71,9 @@ class Controller:
         # This process's providers from the app's telemetry settings: decisions export as span events.
         self.telemetry = setup_process("controller")
         self._tracer = trace.get_tracer("dspark.controller")
+        self.exported = (
+            None if settings.otlp_port is None else ExportedTelemetry(settings.otlp_host, settings.otlp_port)
+        )
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
@@ -88,9 +95,13 @@ class Controller:
         for reading in readings:
             if isinstance(reading, dict):  # a replica that failed to answer ages toward stale
                 self._take(reading, now)
+        if self.exported is not None:  # before the record: replay sees what the policy saw
+            self.exported.apply(self.snapshots)
         for rid in [r for r, s in self.snapshots.items() if now - s.taken_at > FORGET_AFTER * self.period_s]:
             del self.snapshots[rid]
             self.drift.forget(rid)
+            if self.exported is not None:
+                self.exported.forget(rid)
         if self.recorder is not None:
             self.recorder.write(record.period(now, self.snapshots.values()))
         decisions = self.policy.decide(self.snapshots, now)
@@ -187,6 +198,7 @@ class Controller:
             },
             "sts_temperatures": self.sts_in_force,
             "refits": self.refits[-20:],
+            "otlp": None if self.exported is None else self.exported.state(),
         }
 
     async def admin_decisions(self, token: str | None, limit: int = 100) -> list[dict]:
@@ -222,6 +234,11 @@ class Controller:
     def _admin(self, action: str, replica_id: str | None = None, caps: dict | None = None) -> None:
         if self.recorder is not None:
             self.recorder.write(record.admin(time.time(), action, replica_id, caps))
+
+    def __del__(self) -> None:
+        exported = getattr(self, "exported", None)
+        if exported is not None:
+            exported.close()
 
     def check_health(self) -> None:
         if self._task.done():

@@ -2,7 +2,8 @@
 
 It serves the standard collector services (opentelemetry-proto's TraceService and MetricsService on
 grpcio), so any exporter reaches it at `receiver.endpoint` (http://host:port: plaintext). The tests
-use it as the far end of a real export, and `python -m dspark.telemetry.dump` prints what it gets.
+use it as the far end of a real export, `python -m dspark.telemetry.dump` prints what it gets, and
+the cluster controller hosts one as its telemetry input (deployments/controller.py).
 """
 
 from __future__ import annotations
@@ -84,6 +85,14 @@ class OTLPReceiver:
     def points(self, metric: str | None = None) -> list[ReceivedPoint]:
         with self._lock:
             return [p for p in self._points if metric is None or p.metric == metric]
+
+    def drain(self) -> tuple[list[ReceivedSpan], list[ReceivedPoint]]:
+        """Everything received since the previous drain, handed over and forgotten: for a long-running
+        consumer (the cluster controller) that must not keep every span it was ever sent."""
+        with self._lock:
+            spans, points = self._spans, self._points
+            self._spans, self._points = [], []
+        return spans, points
 
     def close(self) -> None:
         self._server.stop(grace=None)

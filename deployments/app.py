@@ -29,6 +29,7 @@ ROUTING_FIELDS = {"router", "router_options", "routing_stats_period_s", "sla_cla
 # What the Serve config's grpc_options.grpc_servicer_functions must list for the gRPC surface.
 GRPC_SERVICERS = [
     "dspark_client.proto.add_GenerationServicer_to_server",
+    "dspark_client.proto.add_ControllerAdminServicer_to_server",
     "grpc_health.v1.health_pb2_grpc.add_HealthServicer_to_server",
 ]
 

@@ -1,6 +1,7 @@
 """Ingress: the application's entry deployment, serving OpenAI HTTP and the gRPC services at once.
 
-HTTP routes live in deployments/http_api.py, RPC methods in deployments/grpc_api.py; both use the
+HTTP routes live in deployments/http_api.py, RPC methods in deployments/grpc_api.py (and the controller's
+admin RPCs in deployments/controller_grpc.py); both use the
 Frontend this class is, which forwards admitted requests to the TargetReplica deployment. It runs as
 `num_ingress_replicas` replicas behind Ray Serve's proxies and keeps no request state of its own.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 from ray import serve
 
 from deployments.config import AppConfig
+from deployments.controller_grpc import ControllerAdminService
 from deployments.frontend import Frontend
 from deployments.grpc_api import GrpcService
 from deployments.http_api import app as http_app
@@ -17,7 +19,7 @@ from deployments.http_api import app as http_app
 
 @serve.deployment(name="Ingress")
 @serve.ingress(http_app)
-class Ingress(Frontend, GrpcService):
+class Ingress(Frontend, GrpcService, ControllerAdminService):
     def __init__(self, replica, config: dict, controller=None) -> None:
         super().__init__(replica, AppConfig(**config))
         self.controller = controller  # the Controller's handle, for its admin routes (or None)

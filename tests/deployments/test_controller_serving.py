@@ -13,6 +13,7 @@ import json
 import urllib.error
 import urllib.request
 
+import grpc
 import pytest
 import ray
 from ray import serve
@@ -21,6 +22,7 @@ from serving import ENGINE, app_args, wait_until
 from deployments.app import build_app
 from deployments.replicas import SERVE_NAMESPACE, replica_actor_names
 from dspark import LLM, SamplingParams
+from dspark_client.proto import ControllerAdminStub, admin_pb
 
 APP = "ctl"
 TOKEN = "operator-secret"
@@ -52,6 +54,18 @@ def complete(url: str) -> str:
     )
     with urllib.request.urlopen(request, timeout=60) as response:
         return json.loads(response.read())["choices"][0]["text"]
+
+
+def rpc(channel, method: str, request, token: str | None = TOKEN):
+    """One ControllerAdmin call to this app (Serve's gRPC proxy picks the app by `application`)."""
+    metadata = [("application", APP)] + ([("authorization", f"Bearer {token}")] if token else [])
+    return getattr(ControllerAdminStub(channel), method)(request, metadata=metadata, timeout=30)
+
+
+def rpc_error(channel, method: str, request, token: str | None = TOKEN) -> tuple:
+    with pytest.raises(grpc.RpcError) as err:
+        rpc(channel, method, request, token)
+    return err.value.code(), err.value.details()
 
 
 @pytest.fixture(scope="module")
@@ -141,3 +155,60 @@ def test_pause_stops_pushes_and_unpin_lets_the_policy_decide(controlled):
         what="the pin pushed after resuming",
     )
     assert call(controlled, "DELETE", f"/pin/{rid}") == (200, {"unpinned": True})
+
+
+def test_grpc_admin_surface_same_rule_as_http(controlled, serve_stack):
+    with grpc.insecure_channel(serve_stack.grpc_target) as channel:
+        for token in (None, "wrong"):
+            code, _ = rpc_error(channel, "GetControllerState", admin_pb.GetControllerStateRequest(), token)
+            assert code == grpc.StatusCode.UNAUTHENTICATED
+        code, _ = rpc_error(channel, "PauseController", admin_pb.PauseControllerRequest(paused=True), None)
+        assert code == grpc.StatusCode.UNAUTHENTICATED
+
+        state_of = lambda: rpc(channel, "GetControllerState", admin_pb.GetControllerStateRequest())  # noqa: E731
+        replicas = wait_until(lambda: len(state_of().replicas) == 2 and state_of().replicas)
+        rid = replicas[0].replica_id
+        assert json.loads(state_of().state_json)["period_s"] == 1.0
+
+        bad = [
+            ("GetControllerDecisions", admin_pb.GetControllerDecisionsRequest(limit=-1), "limit"),
+            ("PinCaps", admin_pb.PinCapsRequest(caps=admin_pb.Caps(max_step_tokens=1)), "replica_id"),
+            ("PinCaps", admin_pb.PinCapsRequest(replica_id=rid), "caps"),
+            (
+                "PinCaps",
+                admin_pb.PinCapsRequest(replica_id=rid, caps=admin_pb.Caps(max_step_tokens=-2)),
+                "max_step_tokens",
+            ),
+            ("UnpinCaps", admin_pb.UnpinCapsRequest(), "replica_id"),
+        ]
+        for method, request, field in bad:
+            code, details = rpc_error(channel, method, request)
+            assert code == grpc.StatusCode.INVALID_ARGUMENT and field in details, (method, details)
+        code, _ = rpc_error(
+            channel, "PinCaps", admin_pb.PinCapsRequest(replica_id="nope", caps=admin_pb.Caps())
+        )
+        assert code == grpc.StatusCode.NOT_FOUND
+
+        pinned = rpc(
+            channel,
+            "PinCaps",
+            admin_pb.PinCapsRequest(replica_id=rid, caps=admin_pb.Caps(max_request_tokens=3)),
+        )
+        assert pinned.max_request_tokens == 3 and not pinned.HasField("max_step_tokens")
+        wait_until(
+            lambda: (
+                json.loads(next(r for r in state_of().replicas if r.replica_id == rid).telemetry_json)[
+                    "budget"
+                ]["max_request_tokens"]
+                == 3
+            ),
+            what="the cap pinned over gRPC on the replica",
+        )
+        assert next(r for r in state_of().replicas if r.replica_id == rid).pinned
+        decisions = rpc(channel, "GetControllerDecisions", admin_pb.GetControllerDecisionsRequest(limit=2))
+        assert len(decisions.decisions) == 2 and all(d.reason for d in decisions.decisions)
+        assert rpc(channel, "UnpinCaps", admin_pb.UnpinCapsRequest(replica_id=rid)).unpinned
+        assert not rpc(channel, "UnpinCaps", admin_pb.UnpinCapsRequest(replica_id=rid)).unpinned
+        assert rpc(channel, "PauseController", admin_pb.PauseControllerRequest(paused=True)).paused
+        assert state_of().paused
+        assert not rpc(channel, "PauseController", admin_pb.PauseControllerRequest(paused=False)).paused

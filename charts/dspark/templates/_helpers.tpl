@@ -115,6 +115,7 @@ grpc_options:
   # What deployments/app.py GRPC_SERVICERS lists (a test keeps the two equal).
   grpc_servicer_functions:
     - dspark_client.proto.add_GenerationServicer_to_server
+    - dspark_client.proto.add_ControllerAdminServicer_to_server
     - grpc_health.v1.health_pb2_grpc.add_HealthServicer_to_server
 applications:
   - name: {{ .Values.app.name }}

@@ -65,6 +65,7 @@ class Controller:
         self.sts_in_force: dict[str, list[float]] = {}
         self.refits: list[dict] = []
         self.errors = 0
+        self.refusals: dict[tuple[str, str], dict] = {}  # (replica, push) -> {field, message}
         self.recorder = (
             record.Recorder(settings.record_path, self.policy.config) if settings.record_path else None
         )
@@ -138,18 +139,30 @@ class Controller:
             and _differs(self.snapshots[d.replica_id].budget, d.caps.budget())
         }
         if budgets:
-            await self.replicas.broadcast("apply_caps", budgets).results_async(
+            results = await self.replicas.broadcast("apply_caps", budgets).results_async(
                 timeout_s=self.period_s, return_exceptions=True
             )
+            self._note_refusals("apply_caps", results)
         slowdowns = {}
         for rid, snap in self.snapshots.items():
             refresh = self.drift.observe(rid, snap.forward_slowdown)
             if refresh is not None:
                 slowdowns[rid] = refresh.slowdown
         if slowdowns:
-            await self.replicas.broadcast("rescale_cost_table", slowdowns).results_async(
+            results = await self.replicas.broadcast("rescale_cost_table", slowdowns).results_async(
                 timeout_s=self.period_s, return_exceptions=True
             )
+            self._note_refusals("rescale_cost_table", results)
+
+    def _note_refusals(self, push: str, results: list) -> None:
+        """A replica that cannot apply a push (SGLang: deployments/sglang_replica.py) says which field and
+        why; it keeps what it holds. Logged once per reason, and shown in the admin state."""
+        for result in results:
+            if isinstance(result, dict) and result.get("refused"):
+                key = (result.get("replica_id", "?"), push)
+                if self.refusals.get(key) != result["refused"]:
+                    log.warning("replica %s refused %s: %s", key[0], push, result["refused"]["message"])
+                self.refusals[key] = result["refused"]
 
     async def _recalibrate(self) -> None:
         if self.policy.period % REFIT_EVERY:
@@ -163,9 +176,10 @@ class Controller:
             )
             if result is None:
                 continue
-            await self.replicas.broadcast(
+            pushed = await self.replicas.broadcast(
                 "set_sts_temperatures", {temperature: result.temperatures}
             ).results_async(timeout_s=self.period_s, return_exceptions=True)
+            self._note_refusals("set_sts_temperatures", pushed)
             self.pool.clear(temperature)
             self.sts_in_force[str(temperature)] = result.temperatures
             self.refits.append({"period": self.policy.period, **asdict(result)})
@@ -199,6 +213,7 @@ class Controller:
             "sts_temperatures": self.sts_in_force,
             "refits": self.refits[-20:],
             "otlp": None if self.exported is None else self.exported.state(),
+            "refusals": [{"replica_id": r, "push": p, **why} for (r, p), why in self.refusals.items()],
         }
 
     async def admin_decisions(self, token: str | None, limit: int = 100) -> list[dict]:

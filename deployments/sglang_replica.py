@@ -3,7 +3,10 @@
 Deployed under the same name (`TargetReplica`), so the ingress, GetLoads and the router see no
 difference: `generate` streams our StreamEvents, `record_routing_stats` publishes load from SGLang's own
 load snapshots, `check_health` reports a stalled or exiting engine, `set_draft_budget` is the
-controller's actuator, and `__del__` shuts SGLang down after Serve's graceful drain.
+controller's actuator, and `__del__` shuts SGLang down after Serve's graceful drain. The cluster
+controller's methods (`controller_snapshot`, `apply_caps`, `set_sts_temperatures`,
+`rescale_cost_table`) are TargetReplica's, as far as SGLang can apply them at runtime: a cap or a
+push it cannot apply comes back as a refusal naming the field and why, never as a silent no-op.
 
 The engine is `sglang.Engine` (TP 1: its scheduler and detokenizer are child processes of this replica)
 or `sglang.srt.ray.engine.RayEngine` (TP > 1: one scheduler actor per rank in this replica's placement
@@ -25,6 +28,7 @@ import logging
 import os
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator
 
 from opentelemetry import propagate, trace
@@ -72,6 +76,9 @@ class SGLangReplica:
         self._last_output = time.monotonic()
         self._tau = TauWindow()
         self._rounds = self._accepted = self._finished = self._aborted = 0
+        self._verified = 0  # drafted tokens SGLang verified, finished requests
+        self._controller_mark = (0, 0, 0)  # (rounds, accepted, verified) at the controller's last reading
+        self._stream_class: dict[str, str] = {}  # SGLang rid -> SLA class, in flight
         self._budget_frac: float | None = None
         self._gamma: int | None = self.launch.gamma
         self._last_stats: dict = {}
@@ -112,6 +119,7 @@ class SGLangReplica:
                 external_trace_header=header or None,
             )
             self._streams[rid] = request_id
+            self._stream_class[rid] = params.sla_class or ""
             try:
                 async for chunk in stream:
                     self._last_output = time.monotonic()
@@ -127,6 +135,7 @@ class SGLangReplica:
                         return
             finally:
                 self._streams.pop(rid, None)
+                self._stream_class.pop(rid, None)
                 if not finished:
                     self._aborted += 1
                     self.tokenizer_manager.abort_request(rid)  # idempotent, fire-and-forget
@@ -153,6 +162,7 @@ class SGLangReplica:
         self._aborted += event.finish_reason == "abort"
         self._rounds += event.speculation.rounds
         self._accepted += event.speculation.accepted_tokens
+        self._verified += event.speculation.drafted_tokens
 
     async def model_info(self) -> dict:
         return {
@@ -174,6 +184,10 @@ class SGLangReplica:
     async def record_routing_stats(self) -> dict:
         """What the router scores replicas by, from SGLang's load snapshots; the last good reading if
         SGLang is slow to answer."""
+        return await self._load_stats(router=True)
+
+    async def _load_stats(self, router: bool) -> dict:
+        """`router`: the router's reading, which moves its tau window (the controller keeps its own)."""
         try:
             loads = await asyncio.wait_for(self.tokenizer_manager.get_loads(), self.stats_timeout_s)
         except Exception as exc:
@@ -191,13 +205,14 @@ class SGLangReplica:
             "max_num_seqs": sum(load.max_running_requests for load in loads),
             "finished_requests": self._finished,
             "aborted_requests": self._aborted,
-            "recent_tau": self._tau.update(self._rounds, self._accepted),
+            "recent_tau": self._tau.update(self._rounds, self._accepted) if router else self._tau.tau,
             "draft_budget": self._budget_in_force(self._budget_frac, self._gamma),
             "sps_table": self._sps_table,
             "healthy": self._problem() is None,
             "replica_id": _replica_id(),
         }
-        self._last_stats = stats
+        if router:
+            self._last_stats = stats
         return stats
 
     async def get_state(self) -> dict:
@@ -229,6 +244,60 @@ class SGLangReplica:
             self._budget_frac = frac
         return self._budget_in_force(self._budget_frac, gamma)
 
+    # ---- the cluster controller's surface (deployments/controller.py) ----------------------------------
+    # As TargetReplica's: caps arrive by broadcast and each replica takes its own entry. SGLang reports
+    # spec stats per finished request (rounds, accepted, verified), so acceptance by position is the
+    # geometric law that explains them (controller/telemetry.py), and there is no round sample for STS.
+
+    async def controller_snapshot(self) -> dict:
+        """The routing stats, and the controller's window of spec stats since its previous reading."""
+        stats = await self._load_stats(router=False)
+        rounds, accepted, verified = self._rounds, self._accepted, self._verified
+        r0, a0, v0 = self._controller_mark
+        self._controller_mark = (rounds, accepted, verified)
+        d_rounds = rounds - r0
+        return {
+            **stats,
+            "window_rounds": d_rounds,
+            "recent_tau": (accepted - a0 + d_rounds) / d_rounds if d_rounds else 0.0,
+            "mean_verified": (verified - v0) / d_rounds if d_rounds else 0.0,
+            "draft_window": await self._block_size() or 0,
+            # SGLang's planner picks each step's budget itself only in compact mode with a profiled table.
+            "adaptive_verify": self.launch.verify_mode == "compact" and self._sps_profiled,
+            "sts_temperatures": {},
+            "running_by_class": dict(Counter(self._stream_class.values())),
+            "ts": time.time(),
+        }
+
+    async def apply_caps(self, budgets: dict[str, dict]) -> dict | None:
+        """Set this replica's budget if `budgets` (replica id -> budget) names it. What SGLang cannot apply
+        (sglang_budget.py) comes back as `refused`, naming the field, with the budget still in force."""
+        rid = _replica_id()
+        if rid not in budgets:
+            return None
+        try:
+            return {"replica_id": rid, "draft_budget": await self.set_draft_budget(budgets[rid])}
+        except InvalidRequestError as exc:
+            return {
+                "replica_id": rid,
+                "refused": _refusal(exc.field, str(exc)),
+                "draft_budget": self._in_force(),
+            }
+
+    async def set_sts_temperatures(self, temperatures: dict) -> dict:
+        """Refused: SGLang 0.5.23 sets no confidence temperatures at runtime."""
+        return {"replica_id": _replica_id(), "refused": _refusal("sts_temperatures", NO_RUNTIME_STS)}
+
+    async def rescale_cost_table(self, slowdowns: dict[str, float]) -> dict | None:
+        """Refused for this replica if `slowdowns` names it: SGLang reads its SPS table at start only."""
+        rid = _replica_id()
+        if rid not in slowdowns:
+            return None
+        return {"replica_id": rid, "refused": _refusal("sps_table", NO_RUNTIME_SPS)}
+
+    def _in_force(self) -> dict:
+        return self._budget_in_force(self._budget_frac, self._gamma)
+
     def _budget_in_force(self, frac: float | None, gamma: int | None) -> dict:
         return sglang_budget.in_force(frac, gamma, self.launch.verify_mode, self._sps_profiled)
 
@@ -254,6 +323,23 @@ class SGLangReplica:
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.shutdown()
+
+
+# Why the controller's recalibration pushes are refused: SGLang 0.5.23's set_internal_state updates
+# pp_max_micro_batch_size, speculative_accept_threshold_*, dspark_force_budget_frac and
+# dspark_clear_info_records only (scheduler_components/internal_state.py).
+NO_RUNTIME_STS = (
+    "SGLang 0.5.23 has no runtime setter for the drafter's STS temperatures (set_internal_state takes "
+    "dspark_force_budget_frac, not temperatures); restart the replica with the refitted drafter to apply them"
+)
+NO_RUNTIME_SPS = (
+    "SGLang 0.5.23 reads its SPS table (sglang.sps_table) at start only; no runtime setter rescales it. "
+    "Re-profile and restart the replica to apply a drifted table"
+)
+
+
+def _refusal(field: str, message: str) -> dict:
+    return {"field": field, "message": message}
 
 
 def _no_drafter() -> InvalidRequestError:

@@ -30,6 +30,7 @@ from ray import serve  # noqa: E402
 from serving import wait_until  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
+from controller.telemetry import from_routing_stats  # noqa: E402
 from deployments import sglang_replica  # noqa: E402
 from deployments.app import build_app  # noqa: E402
 from deployments.sglang_artifacts import write_sps_table  # noqa: E402
@@ -214,6 +215,59 @@ def test_a_budget_sglang_would_ignore_is_refused_without_asking_it(
     assert replica.engine.seen.internal_state_requests == []
     assert unlimited["sglang"] == {"verify_mode": mode, "dspark_force_budget_frac": None, "meaning": meaning}
     assert last.speculation.drafted_tokens == last.speculation.rounds * GAMMA  # SGLang verified all
+
+
+def test_controller_reads_spec_windows_and_caps_apply_or_are_refused_by_field(make_replica):
+    """The controller's surface on the SGLang replica: its window of spec stats (rounds, acceptance,
+    verified drafts per round) read the way the controller reads TargetReplica, caps SGLang can apply set
+    through its one knob, the rest refused naming the field, and recalibration pushes refused saying why."""
+    replica = make_replica()
+    chat = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, sla_class="chat")
+
+    async def run():
+        first = await replica.controller_snapshot()  # nothing served yet: an empty window
+        consumer = asyncio.create_task(_drain(replica.generate([4, 2], chat, "c1")))
+        await until(lambda: len(replica.engine.running) == 1)
+        during = await replica.controller_snapshot()
+        last = (await consumer)[-1]
+        after = await replica.controller_snapshot()
+        again = await replica.controller_snapshot()
+        applied = await replica.apply_caps({"local": {"max_request_tokens": 2}, "other": {}})
+        refused = await replica.apply_caps({"local": {"max_step_tokens": 8, "max_request_tokens": None}})
+        ignored = await replica.apply_caps({"other": {"max_request_tokens": 1}})
+        sts = await replica.set_sts_temperatures({0.0: [1.5] * GAMMA})
+        table = await replica.rescale_cost_table({"local": 1.3})
+        return first, during, last, after, again, applied, refused, ignored, sts, table
+
+    first, during, last, after, again, applied, refused, ignored, sts, table = asyncio.run(run())
+    assert first["window_rounds"] == 0 and first["replica_id"] == "local"
+    assert (first["draft_window"], first["adaptive_verify"], first["sts_temperatures"]) == (GAMMA, True, {})
+    assert during["running_by_class"] == {"chat": 1}
+    spec = last.speculation
+    assert after["window_rounds"] == spec.rounds and after["running_by_class"] == {}
+    assert after["recent_tau"] == pytest.approx(spec.mean_accept_length)
+    assert after["mean_verified"] == spec.drafted_tokens / spec.rounds == GAMMA
+    assert again["window_rounds"] == 0  # each reading starts a fresh window
+
+    # The controller's reading of it (controller/telemetry.py), as for a built-in replica.
+    view = from_routing_stats(after, taken_at=0.0)
+    assert view.window == GAMMA and view.verified_drafts == spec.drafted_tokens
+    assert view.classes == {} and len(view.acceptance) == GAMMA
+
+    assert applied["draft_budget"]["max_request_tokens"] == 2
+    assert replica.engine.seen.internal_state_requests == [{"dspark_force_budget_frac": (2 + 1e-6) / GAMMA}]
+    assert (
+        refused["refused"]["field"] == "max_step_tokens" and "per-step cap" in refused["refused"]["message"]
+    )
+    assert refused["draft_budget"] == applied["draft_budget"]  # it keeps what it held
+    assert ignored is None
+    assert sts["refused"]["field"] == "sts_temperatures" and "no runtime setter" in sts["refused"]["message"]
+    assert table["refused"]["field"] == "sps_table" and "at start only" in table["refused"]["message"]
+    assert len(replica.engine.seen.internal_state_requests) == 1  # refusals never reached SGLang
+
+
+async def _drain(stream) -> list:
+    return [e async for e in stream]
 
 
 def test_health_fails_while_sglang_produces_nothing_and_when_it_exits(make_replica):

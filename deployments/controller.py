@@ -63,6 +63,7 @@ class Controller:
         self.pool = CalibrationPool()
         self.drift = DriftWatch()
         self.sts_in_force: dict[str, list[float]] = {}
+        self.sts_by_replica: dict[str, dict[str, list[float]]] = {}  # what each replica reported holding
         self.refits: list[dict] = []
         self.errors = 0
         self.refusals: dict[tuple[str, str], dict] = {}  # (replica, push) -> {field, message}
@@ -100,6 +101,7 @@ class Controller:
             self.exported.apply(self.snapshots)
         for rid in [r for r, s in self.snapshots.items() if now - s.taken_at > FORGET_AFTER * self.period_s]:
             del self.snapshots[rid]
+            self.sts_by_replica.pop(rid, None)
             self.drift.forget(rid)
             if self.exported is not None:
                 self.exported.forget(rid)
@@ -123,6 +125,7 @@ class Controller:
         if snap.replica_id not in self.snapshots and snap.replica_id not in self.policy.pins:
             self.policy.adopt(snap.replica_id, Caps.from_budget(snap.budget))  # rebuilt from the replica
         self.snapshots[snap.replica_id] = snap
+        self.sts_by_replica[snap.replica_id] = reading.get("sts_temperatures") or {}
         self.sts_in_force = reading.get("sts_temperatures") or self.sts_in_force
         keys = [float(t) for t in self.sts_in_force]
         rounds = []
@@ -207,7 +210,11 @@ class Controller:
             "errors": self.errors,
             "pins": {rid: c.to_dict() for rid, c in self.policy.pins.items()},
             "replicas": {
-                rid: {"caps": self.policy.caps(rid).to_dict(), "telemetry": s.to_dict()}
+                rid: {
+                    "caps": self.policy.caps(rid).to_dict(),
+                    "telemetry": s.to_dict(),
+                    "sts_temperatures": self.sts_by_replica.get(rid, {}),
+                }
                 for rid, s in self.snapshots.items()
             },
             "sts_temperatures": self.sts_in_force,

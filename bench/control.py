@@ -6,7 +6,7 @@ engine under the cluster controller. Per phase and arm: throughput, tok/s per us
 per class (TTFT and TPOT both within the class's targets); for the controller, the budget it set over
 time and how many periods it took to settle after each step of the ramp.
 
-    python bench/control.py --model models/target --drafter dspark [--repeats 3]
+    python bench/control.py --model models/target --drafter dspark      # 3 repeats, 30 s phases
     python bench/control.py --model DIR --drafter ngram --quick      # a smoke run of the plumbing
 
 Writes bench/results/control.json and control.md, and control.png (budget and throughput over time).
@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drafter", default="dspark")
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--rates", type=float, nargs=3, default=[0.5, 6.0, 0.5], help="requests/s per phase")
-    parser.add_argument("--phase-seconds", type=float, default=60.0)
+    # 3 phases x 30 s x 3 repeats x 3 arms, plus each arm's start: about 16 minutes on 2 idle cores.
+    parser.add_argument("--phase-seconds", type=float, default=30.0)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--period", type=float, default=2.0, help="the controller's period, seconds")
     parser.add_argument("--repeats", type=int, default=3)
@@ -201,7 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     http_port, grpc_port = _free_port(), _free_port()
     ray.init(
-        include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}}
+        address="local",  # a cluster of our own, never one another process started on this machine
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}},
     )
     serve.start(
         http_options={"host": "127.0.0.1", "port": http_port},
@@ -209,39 +213,50 @@ def main(argv: list[str] | None = None) -> int:
     )
     http_url, target = f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}"
     results: dict = {"arms": {}, "traces": {}}
+    began = time.perf_counter()
     try:
-        for repeat in range(args.repeats):
-            arrivals = schedule(phases, args.seed + repeat)
-            for name, (engine, controller) in arms.items():
-                app_args = {
-                    "model": model,
-                    "engine": {"drafter": args.drafter, **engine},
-                    "num_replicas": args.replicas,
-                    "num_ingress_replicas": 1,
-                    "torch_num_threads": 1,
-                    "controller": controller,
-                }
-                serve.run(build_app(app_args), name=name, route_prefix=f"/{name}")
-                stop, trace = threading.Event(), []
-                poller = threading.Thread(target=budget_trace, args=(http_url, name, stop, trace))
-                if controller is not None:
-                    poller.start()
-                try:
-                    outcomes = run_arm(target, name, arrivals, prompts, args.max_tokens)
-                finally:
-                    stop.set()
-                    if poller.is_alive():
-                        poller.join()
-                    serve.delete(name)
-                summary = [phase_summary(outcomes, phases, i) for i in range(len(phases))]
-                results["arms"].setdefault(name, []).append(summary)
-                if controller is not None:
-                    results["traces"].setdefault(name, []).append(
-                        {"trace": trace, "settle_periods": settle_periods(trace, phases)}
+        # Each arm's app starts once (model load, cost-table profiling) and serves every repeat of the
+        # schedule; the ramp ends light, so the controller arm starts each repeat from light-load caps.
+        for name, (engine, controller) in arms.items():
+            app_args = {
+                "model": model,
+                "engine": {"drafter": args.drafter, **engine},
+                "num_replicas": args.replicas,
+                "num_ingress_replicas": 1,
+                "torch_num_threads": 1,
+                "controller": controller,
+            }
+            serve.run(build_app(app_args), name=name, route_prefix=f"/{name}")
+            try:
+                for repeat in range(args.repeats):
+                    arrivals = schedule(phases, args.seed + repeat)
+                    stop, trace = threading.Event(), []
+                    poller = threading.Thread(target=budget_trace, args=(http_url, name, stop, trace))
+                    if controller is not None:
+                        poller.start()
+                    try:
+                        outcomes = run_arm(target, name, arrivals, prompts, args.max_tokens)
+                    finally:
+                        stop.set()
+                        if poller.is_alive():
+                            poller.join()
+                    summary = [phase_summary(outcomes, phases, i) for i in range(len(phases))]
+                    results["arms"].setdefault(name, []).append(summary)
+                    if controller is not None:
+                        results["traces"].setdefault(name, []).append(
+                            {"trace": trace, "settle_periods": settle_periods(trace, phases)}
+                        )
+                    print(
+                        f"[{time.perf_counter() - began:6.0f}s] {name} repeat {repeat + 1}/{args.repeats}",
+                        file=sys.stderr,
+                        flush=True,
                     )
+            finally:
+                serve.delete(name)
     finally:
         serve.shutdown()
         ray.shutdown()
+    results["wall_s"] = time.perf_counter() - began
 
     report = summarize(results, phases, args, argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -298,6 +313,7 @@ def summarize(results: dict, phases, args, argv) -> dict:
             "classes": CLASSES,
         },
         "phases": [{"name": n, "rate_rps": r, "seconds": s} for n, r, s in phases],
+        "wall_s": round(results.get("wall_s", 0.0), 1),
         "arms": arms,
         "traces": results["traces"],
         "summary": {

@@ -10,16 +10,21 @@ from controller.otlp import OtlpFold, merge
 from controller.telemetry import ReplicaTelemetry
 from dspark.telemetry.receiver import OTLPReceiver
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
 
 class ExportedTelemetry:
     def __init__(self, host: str, port: int) -> None:
-        self.receiver = OTLPReceiver(host, port)
+        # `host` is where replicas reach the receiver: a loopback address is bound as such; any other
+        # (a node or Service name) may not be one of this process's interfaces, so every one is bound.
+        self.receiver = OTLPReceiver(host if host in LOOPBACK else "0.0.0.0", port)
+        self.advertised = f"http://{host}:{self.receiver.port}"
         self.fold = OtlpFold()
         self.received = {"spans": 0, "points": 0}
 
     @property
     def endpoint(self) -> str:
-        return self.receiver.endpoint
+        return self.advertised
 
     def apply(self, snapshots: MutableMapping[str, ReplicaTelemetry]) -> list[str]:
         """Ends the period: what arrived since the previous call, merged into the snapshots of the

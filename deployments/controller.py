@@ -14,7 +14,8 @@ SLA class, calibration error, measured vs predicted forward time) is folded per 
 controller's record (python -m controller.replay).
 
 The admin surface (bearer token from `admin_tokens` required): state and decisions, pin or unpin a
-replica's caps, pause. Served over HTTP by the ingress (deployments/controller_api.py).
+replica's caps, pause. Served by the ingress over HTTP (deployments/controller_api.py) and gRPC
+(deployments/controller_grpc.py, dspark.v1.ControllerAdmin).
 """
 
 from __future__ import annotations

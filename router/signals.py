@@ -26,8 +26,9 @@ Pure logic (no Ray, no I/O): times are arguments, and the caller serialises acce
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import math
-from collections import deque
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
@@ -89,8 +90,99 @@ class Sent:
 
 @dataclass
 class _Replica:
+    """One replica's ledger, with the corrections for the snapshot it was last applied to kept as running
+    totals: `apply` runs on every candidate of every decision, so it must not scan the requests in flight.
+
+    The totals are relative to a view, the (held keys, snapshot time) of that snapshot: which live
+    requests it does not hold ("added") and which finished ones it still holds ("gone"). Sends, drops and
+    completions update them as they happen; a new snapshot rebuilds them once (amortised over the
+    decisions until the next one, a stats period later).
+    """
+
     live: dict[str, Sent] = field(default_factory=dict)
-    done: deque[tuple[float, Sent]] = field(default_factory=deque)  # (finished at, request), in order
+    done: list[tuple[float, Sent]] = field(default_factory=list)  # finished, kept under the view
+    pending: list[tuple[float, Sent]] = field(default_factory=list)  # finished since, not yet sorted out
+    tentative: list[tuple[float, int, str, Sent]] = field(default_factory=list)  # heap by sent time
+    slas: dict[Sla, int] = field(default_factory=dict)  # live requests per class
+    # The view and the totals under it (held is None: no view yet).
+    held: Collection[str] | None = None
+    snapshot_at: float = -math.inf
+    added: int = 0
+    added_pages: int = 0
+    added_prompt_tokens: int = 0
+    added_max_tokens: list[int] = field(default_factory=list)  # ascending
+    gone: int = 0
+    gone_pages: int = 0
+    # Merged tuples for the last base state seen, valid while neither side changes.
+    version: int = 0  # bumped when added_max_tokens or slas change
+    remaining_memo: tuple = (None, -1, ())  # (base remaining_tokens, version, merged)
+    slas_memo: tuple = (None, -1, ())  # (base running_slas, version, merged)
+
+    def enter(self, key: str, entry: Sent) -> None:
+        self.live[key] = entry
+        self.slas[entry.sla] = self.slas.get(entry.sla, 0) + 1
+        if not entry.confirmed:
+            heapq.heappush(self.tentative, (entry.sent_at, id(entry), key, entry))
+        if self.held is not None and entry.route_key not in self.held:
+            self._count_added(entry, +1)
+        self.version += 1
+
+    def leave(self, key: str) -> Sent | None:
+        entry = self.live.pop(key, None)
+        if entry is None:
+            return None
+        count = self.slas[entry.sla] - 1
+        if count:
+            self.slas[entry.sla] = count
+        else:
+            del self.slas[entry.sla]
+        if self.held is not None and entry.route_key not in self.held:
+            self._count_added(entry, -1)
+        self.version += 1
+        return entry
+
+    def _count_added(self, entry: Sent, sign: int) -> None:
+        self.added += sign
+        self.added_pages += sign * entry.pages
+        self.added_prompt_tokens += sign * entry.prompt_tokens
+        if sign > 0:
+            bisect.insort(self.added_max_tokens, entry.max_tokens)
+        else:
+            del self.added_max_tokens[bisect.bisect_left(self.added_max_tokens, entry.max_tokens)]
+
+    def view(self, held: Collection[str], snapshot_at: float) -> None:
+        """Bring the totals to the snapshot (`held`, `snapshot_at`): rebuilt if it is a new one."""
+        new = held is not self.held and held != self.held  # (`held` is never changed in place)
+        if self.held is None or snapshot_at != self.snapshot_at or new:
+            self.held, self.snapshot_at = held, snapshot_at
+            self.pending = self.done + self.pending
+            self.done, self.gone, self.gone_pages = [], 0, 0
+            self.added, self.added_pages, self.added_prompt_tokens, self.added_max_tokens = 0, 0, 0, []
+            for entry in self.live.values():
+                if entry.route_key not in held:
+                    self._count_added(entry, +1)
+            self.version += 1
+        # Finished, and a snapshot taken since no longer holds it: nothing left to correct.
+        for t, entry in self.pending:
+            if entry.route_key in held:
+                self.done.append((t, entry))
+                self.gone += 1
+                self.gone_pages += entry.pages
+            elif t > snapshot_at:
+                self.done.append((t, entry))
+        self.pending = []
+
+    def merged(self, state: ReplicaState) -> tuple[tuple[int, ...], tuple[Sla, ...]]:
+        """The state's tokens left and classes running, with this router's requests added."""
+        base, version, remaining = self.remaining_memo
+        if base is not state.remaining_tokens or version != self.version:
+            remaining = tuple(sorted((*state.remaining_tokens, *self.added_max_tokens)))
+            self.remaining_memo = (state.remaining_tokens, self.version, remaining)
+        base, version, slas = self.slas_memo
+        if base is not state.running_slas or version != self.version:
+            slas = tuple({*state.running_slas, *self.slas})
+            self.slas_memo = (state.running_slas, self.version, slas)
+        return remaining, slas
 
 
 class Ledger:
@@ -106,7 +198,7 @@ class Ledger:
         self._drop(key)
         pages = pages_for(newcomer.prompt_tokens + newcomer.max_tokens, page_size)
         entry = Sent(newcomer.key, newcomer.prompt_tokens, newcomer.max_tokens, pages, newcomer.sla, now)
-        self._replicas.setdefault(replica_id, _Replica()).live[key] = entry
+        self._replicas.setdefault(replica_id, _Replica()).enter(key, entry)
         self._where[key] = replica_id
 
     def withdraw(self, key: str) -> None:
@@ -121,15 +213,15 @@ class Ledger:
         """Serve placed the request on `replica_id` (maybe not the first choice: that one was full)."""
         if self._where.get(key) != replica_id:
             self.sent(replica_id, key, newcomer, page_size, now)
-        self._replicas[replica_id].live[key].confirmed = True
+        self._replicas[replica_id].live[key].confirmed = True  # its tentative heap entry goes stale
 
     def completed(self, replica_id: str, key: str, now: float) -> None:
         replica = self._replicas.get(replica_id)
-        entry = replica.live.pop(key, None) if replica else None
+        entry = replica.leave(key) if replica else None
         if entry is None:
             return
         self._where.pop(key, None)
-        replica.done.append((now, entry))
+        replica.pending.append((now, entry))
 
     def forget(self, replica_id: str) -> None:
         """The replica is gone: its requests ended with it."""
@@ -150,27 +242,26 @@ class Ledger:
         if replica is None:
             return state
         self._expire(replica, now)
-        # Finished, and a snapshot taken since no longer holds it: nothing left to correct.
-        replica.done = deque((t, s) for t, s in replica.done if s.route_key in held or t > snapshot_at)
-        added = [s for s in replica.live.values() if s.route_key not in held]
-        gone = [s for _, s in replica.done if s.route_key in held]
+        replica.view(held, snapshot_at)
+        added, gone = replica.added, replica.gone
         if not added and not gone:
             return state
-        running = max(0, state.running - len(gone))
-        queued = state.queued + len(added) - max(0, len(gone) - state.running)
-        free_pages = state.free_pages - sum(s.pages for s in added) + sum(s.pages for s in gone)
+        remaining_tokens, running_slas = replica.merged(state)
+        running = max(0, state.running - gone)
+        queued = state.queued + added - max(0, gone - state.running)
+        free_pages = state.free_pages - replica.added_pages + replica.gone_pages
         return ReplicaState(
             replica_id=state.replica_id,
             speed=state.speed,
             running=running,
             queued=max(0, queued),
-            queued_prefill_tokens=state.queued_prefill_tokens + sum(s.prompt_tokens for s in added),
+            queued_prefill_tokens=state.queued_prefill_tokens + replica.added_prompt_tokens,
             free_pages=min(state.total_pages, free_pages) if state.speed is not None else state.free_pages,
             total_pages=state.total_pages,
             page_size=state.page_size,
             max_num_seqs=state.max_num_seqs,
-            running_slas=tuple({*state.running_slas, *(s.sla for s in replica.live.values())}),
-            remaining_tokens=tuple(sorted((*state.remaining_tokens, *(s.max_tokens for s in added)))),
+            running_slas=running_slas,
+            remaining_tokens=remaining_tokens,
             age_s=state.age_s,
             healthy=state.healthy,
             cached_prefix=state.cached_prefix,
@@ -179,14 +270,21 @@ class Ledger:
     def _drop(self, key: str) -> None:
         replica_id = self._where.pop(key, None)
         if replica_id is not None:
-            self._replicas[replica_id].live.pop(key, None)
+            self._replicas[replica_id].leave(key)
 
     def _expire(self, replica: _Replica, now: float) -> None:
-        stale = [
-            k for k, s in replica.live.items() if not s.confirmed and now - s.sent_at > self.tentative_ttl_s
-        ]
-        for key in stale:
-            self._drop(key)
+        """Drop the unconfirmed requests sent more than tentative_ttl_s ago: the oldest first, from a heap
+        whose entries for requests since confirmed or gone are skipped as they surface."""
+        heap = replica.tentative
+        while heap:
+            sent_at, _, key, entry = heap[0]
+            if replica.live.get(key) is not entry or entry.confirmed:
+                heapq.heappop(heap)
+            elif now - sent_at > self.tentative_ttl_s:
+                heapq.heappop(heap)
+                self._drop(key)
+            else:
+                break
 
 
 def replica_state(

@@ -201,7 +201,8 @@ class Policy:
 
         Batch requests get the most drafts per round that still let the interactive ones meet their
         target, predicted by the model and corrected by how far the measured TPOT sits from the
-        model's prediction under the caps in force."""
+        model's prediction under the caps in force; a class with a TPOT target of its own is never cut
+        below the drafts that target needs (predicted and corrected the same way)."""
         targets = self.config.sla_classes
         interactive = {c: s for c, s in snap.classes.items() if c in targets and targets[c].interactive}
         batch = {c: s for c, s in snap.classes.items() if c not in interactive and s.running > 0}
@@ -220,18 +221,29 @@ class Policy:
         step_cap = plan.num_requests * snap.window if plan.unconstrained else plan.cap_drafts
         load = max(snap.load, n_int + n_batch)
 
-        def tpot(batch_cap: int) -> float:
+        def tpot(own: int, batch_cap: int) -> float:
+            """TPOT of a request verifying `own` drafts while the batch classes verify `batch_cap`."""
             drafts = min(step_cap, n_int * req + n_batch * batch_cap)
-            return 1.0 / model.per_user_rate(load, req, acceptance, load + drafts, sps)
+            return 1.0 / model.per_user_rate(load, own, acceptance, load + drafts, sps)
 
         in_force = min(current.by_class.get(next(iter(batch)), req), req)
-        correction = measured[tight] / tpot(in_force)
+        correction = measured[tight] / tpot(req, in_force)
         batch_cap = 0
         for cap in range(req, -1, -1):
-            if correction * tpot(cap) <= goal:
+            if correction * tpot(req, cap) <= goal:
                 batch_cap = cap
                 break
-        by_class = {c: snap.window for c in interactive} | {c: batch_cap for c in batch}
+        by_class = {c: snap.window for c in interactive}
+        for c, stats in batch.items():
+            # A class with a TPOT target of its own yields drafts only down to what that target needs:
+            # cut further, it misses its own SLA (and if even no drafts at all cannot bring the
+            # interactive class under its goal, the cut would cost this class without saving that one).
+            floor = 0
+            if c in targets:
+                own_cap = min(current.by_class.get(c, req), req)
+                own = stats.tpot_s / tpot(own_cap, own_cap) if stats.tpot_s is not None else 1.0
+                floor = next((k for k in range(req + 1) if own * tpot(k, k) <= targets[c].tpot_s), req)
+            by_class[c] = max(batch_cap, floor)
         return by_class, True
 
 

@@ -202,6 +202,24 @@ def test_interactive_class_gets_priority_over_batch_then_releases():
     assert Reason.SLA_RELEASE in {d.reason for d in fast}
 
 
+def test_priority_never_cuts_a_class_below_what_its_own_tpot_target_needs():
+    """Interactive chat misses its TPOT by so much that even no drafts for the other class would not
+    fix it (the model predicts 5.4 ms x the measured/predicted ratio 2.7 = 14.6 ms > 12 ms): a class
+    with no target of its own is cut to 0; a class with one keeps the fewest drafts that meet it (at
+    120 requests on the synthetic table: 0 drafts 22.4 ms, 1 draft 14.6 ms against its 20 ms)."""
+
+    def caps_with(targets: dict[str, SlaTarget]) -> Caps:
+        policy = Policy(PolicyConfig(period_s=PERIOD, sla_classes=targets))
+        classes = {"chat": ClassStats(running=20, tpot_s=0.02), "standard": ClassStats(running=100)}
+        return run(policy, [120] * 4, classes=classes)[-1].caps
+
+    chat = {"chat": SlaTarget(0.012, interactive=True)}
+    assert caps_with(chat).by_class == {"chat": WINDOW, "standard": 0}
+    assert caps_with(chat | {"standard": SlaTarget(0.02)}).by_class == {"chat": WINDOW, "standard": 1}
+    # A loose target of its own costs nothing: the class is cut as far as the priority asks.
+    assert caps_with(chat | {"standard": SlaTarget(0.03)}).by_class == {"chat": WINDOW, "standard": 0}
+
+
 def test_pins_and_pause():
     policy = Policy(PolicyConfig(period_s=PERIOD))
     policy.pins["r0"] = Caps(max_step_tokens=5)

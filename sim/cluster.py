@@ -82,7 +82,8 @@ class Cluster:
         self.requests = requests
         self.q = EventQueue()
         self.rng = random.Random(config.seed)
-        self.replicas: list[SimReplica] = []
+        self.replicas: list[SimReplica] = []  # the live fleet: a failed replica leaves it
+        self._by_id: dict[str, SimReplica] = {}
         self._group_of: dict[str, Group] = {}
         for g, group in enumerate(config.fleet):
             for i in range(group.count):
@@ -111,6 +112,7 @@ class Cluster:
             draft_gate=group.draft_gate,
         )
         self.replicas.append(replica)
+        self._by_id[replica_id] = replica
         self._group_of[replica_id] = group
         return replica
 
@@ -141,7 +143,9 @@ class Cluster:
         self.q.run(until, tick)
 
     def _alive(self) -> list[SimReplica]:
-        return [r for r in self.replicas if r.alive]
+        # Kept, not rebuilt per request: at 1,000 replicas a per-request scan of the fleet cost more
+        # than the decision itself. The arms only read it.
+        return self.replicas
 
     def _route(self, req: Request) -> None:
         if req.outcome != "pending":
@@ -150,9 +154,8 @@ class Cluster:
         if choice.action == "shed":
             req.outcome, req.finish = "shed", self.q.now
             return
-        by_id = {r.replica_id: r for r in self.replicas} if choice.ranking else {}
         for replica_id in choice.ranking:
-            replica = by_id.get(replica_id)
+            replica = self._by_id.get(replica_id)
             if replica is None or not replica.has_slot():
                 continue  # Serve tries the next choice when the first is at max_ongoing_requests
             refusal = replica.admit(req)
@@ -228,6 +231,7 @@ class Cluster:
         self.router.forget(replica.replica_id)
         self.retired.append(replica)
         self.replicas.remove(replica)
+        del self._by_id[replica.replica_id]
         self.q.after(f.downtime_s, self._replace, replica)
 
     def _replace(self, dead: SimReplica) -> None:
@@ -240,10 +244,9 @@ class Cluster:
     def _control(self) -> None:
         assert self.config.controller is not None
         finished, self._finished = self._finished, {}
-        by_id = {r.replica_id: r for r in self.replicas}
-        for replica_id, budget in self.config.controller(self.q.now, self._alive(), finished).items():
-            if replica_id in by_id:
-                by_id[replica_id].set_draft_budget(budget)
+        for replica_id, budget in self.config.controller(self.q.now, list(self.replicas), finished).items():
+            if replica_id in self._by_id:
+                self._by_id[replica_id].set_draft_budget(budget)
         self.q.after(self.config.control_period_s, self._control)
 
     def _sample_timeline(self) -> None:

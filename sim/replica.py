@@ -135,15 +135,20 @@ class SimReplica:
     def plan(self) -> Plan | None:
         """The next step (Engine.step up to the forward), or None when nothing runs."""
         budget = self.profile.max_num_batched_tokens
-        decoding = [s for s in self.seqs.values() if s.decoding]
-        prefilling = [s for s in self.seqs.values() if not s.decoding]
+        decoding, prefilling = [], []
+        for s in self.seqs.values():
+            (decoding if s.decoding else prefilling).append(s)
         step_cap = budget - len(decoding)
         if self.budget.max_step_tokens is not None:
             step_cap = min(step_cap, self.budget.max_step_tokens)
         caps = []
+        limits: dict[str, int | None] = {}  # the budget's cap per SLA class, looked up once a step
+        gamma, request_cap = self.gamma, self.budget.request_cap
         for s in decoding:
-            cap = min(self.gamma, s.remaining - 1, step_cap)
-            limit = self.budget.request_cap(s.req.sla_class)
+            req = s.req
+            cap = min(gamma, req.max_tokens - s.generated - 1, step_cap)
+            cls = req.sla_class
+            limit = limits[cls] if cls in limits else limits.setdefault(cls, request_cap(cls))
             caps.append(max(0, cap if limit is None else min(cap, limit)))
         drafting = self.gate is None or self.gate.should_draft(len(decoding), self.table)
         if not drafting:
@@ -177,7 +182,10 @@ class SimReplica:
         """The engine's verify-length policy on this batch (memoised per composition, see the docstring)."""
         if not decoding:
             return []
-        groups = Counter((s.req.domain, c) for s, c in zip(decoding, caps))
+        keys = [(s.req.domain, c) for s, c in zip(decoding, caps)]
+        groups: dict[tuple[str, int], int] = {}
+        for g in keys:
+            groups[g] = groups.get(g, 0) + 1
         order = sorted(groups)
         # A step cap at or above every window summed never binds (the walk ends first): one memo entry.
         step_cap = min(step_cap, sum(caps))
@@ -196,13 +204,9 @@ class SimReplica:
             if len(self._memo) > MAX_MEMO:
                 self._memo.clear()
             self._memo[key] = by_group
-        taken = Counter()
-        lengths = []
-        for s, c in zip(decoding, caps):
-            g = (s.req.domain, c)
-            lengths.append(by_group[g][taken[g]])
-            taken[g] += 1
-        return lengths
+        # Each group's lengths go to its members in arrival order.
+        members = {g: iter(lengths) for g, lengths in by_group.items()}
+        return [next(members[g]) for g in keys]
 
     def complete(self, plan: Plan, now: float) -> tuple[list[Request], list[Request]]:
         """The step's results at its end: (requests that got their first token, requests finished)."""
@@ -211,27 +215,32 @@ class SimReplica:
         c.step_time_s += plan.seconds
         c.forward_time_s += plan.forward_seconds
         first, done = [], []
-        accepted_total = 0
         rng = self.rng.random
+        seqs, truncate, acceptance = self.seqs, self.pages.truncate, self.profile.acceptance
+        verify_accept = c.verify_accept
+        rounds = drafted = accepted_total = 0
         for s, n in zip(plan.decoding, plan.lengths):
-            if s.req.rid not in self.seqs:
+            req = s.req
+            if req.rid not in seqs:
                 continue  # failed or aborted during the step
-            row = self.profile.acceptance[s.req.domain]
+            row = acceptance[req.domain]
             a = 0
             while a < n and rng() < row[a]:
                 a += 1
             if n:
-                c.verify_accept[n, a] += 1
+                verify_accept[n, a] += 1
             s.computed += 1 + a
-            self.pages.truncate(s.key, s.computed)
+            truncate(s.key, s.computed)
             s.generated += a + 1
-            c.rounds += 1
-            c.drafted_tokens += n
-            c.accepted_tokens += a
-            c.generated_tokens += a + 1
+            rounds += 1
+            drafted += n
             accepted_total += a
-            if s.generated >= s.req.max_tokens:
+            if s.generated >= req.max_tokens:
                 done.append(self._finish(s, now))
+        c.rounds += rounds
+        c.drafted_tokens += drafted
+        c.accepted_tokens += accepted_total
+        c.generated_tokens += rounds + accepted_total
         for s, n in plan.chunks:
             if s.req.rid not in self.seqs:
                 continue

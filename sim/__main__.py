@@ -12,7 +12,9 @@ verified drafts per request-round and output tokens/s over time, per arm, at the
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
+import multiprocessing
 from pathlib import Path
 
 from tqdm import tqdm
@@ -43,6 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hetero", action="store_true", help="half the fleet a 2x faster class")
     p.add_argument("--failures", type=int, default=0)
     p.add_argument("--candidates", type=int, default=16, help="replicas the SLA router scores per request")
+    p.add_argument("--workers", type=int, default=1, help="scenarios simulated in parallel processes")
     p.add_argument("--out", default="build/sim")
     return p.parse_args(argv)
 
@@ -71,11 +74,17 @@ def grid(args: argparse.Namespace) -> list[Scenario]:
     ]
 
 
-def run_grid(scenarios: list[Scenario], desc: str = "simulating") -> list[dict]:
-    """Run every scenario with one progress bar over simulated seconds."""
+def run_grid(scenarios: list[Scenario], desc: str = "simulating", workers: int = 1) -> list[dict]:
+    """Run every scenario with one progress bar over simulated seconds; results in the scenarios' order.
+
+    With `workers` > 1 the scenarios run in that many processes (each is seeded on its own, so the
+    results are the same), the largest first; the bar then moves as each one finishes.
+    """
     total = sum(s.duration_s + s.drain_s for s in scenarios)
-    results = []
     with tqdm(total=round(total), desc=desc, unit="sim s", disable=None) as bar:
+        if workers > 1 and len(scenarios) > 1:
+            return _run_parallel(scenarios, workers, bar)
+        results = []
         for s in scenarios:
             done = [0]
 
@@ -90,6 +99,28 @@ def run_grid(scenarios: list[Scenario], desc: str = "simulating") -> list[dict]:
             result.pop("cluster")
             results.append(result)
     return results
+
+
+def _run_parallel(scenarios: list[Scenario], workers: int, bar: tqdm) -> list[dict]:
+    results: list[dict | None] = [None] * len(scenarios)
+    cost = sorted(range(len(scenarios)), key=lambda i: -scenarios[i].replicas * (scenarios[i].duration_s))
+    # Spawned, not forked: the caller may hold threads (a Ray client, a test session) that fork would copy.
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(min(workers, len(scenarios)), mp_context=context) as pool:
+        futures = {pool.submit(_run_detached, scenarios[i]): i for i in cost}
+        for future in concurrent.futures.as_completed(futures):
+            i = futures[future]
+            results[i] = future.result()
+            s = scenarios[i]
+            bar.update(round(s.duration_s + s.drain_s))
+            bar.set_postfix(arm=f"{s.router}+{s.scheduler}", load=s.load, replicas=s.replicas)
+    return results  # type: ignore[return-value]
+
+
+def _run_detached(scenario: Scenario) -> dict:
+    result = run(scenario)
+    result.pop("cluster")
+    return result
 
 
 def plot(results: list[dict], out: Path) -> list[Path]:
@@ -145,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = run_grid(grid(args))
+    results = run_grid(grid(args), workers=args.workers)
     (out / "sim.json").write_text(json.dumps({"args": vars(args), "runs": results}, indent=1))
     paths = plot(results, out)
     for r in results:

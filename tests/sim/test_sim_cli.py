@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from bench.sim import goodput_at_sla, summary
-from sim.__main__ import main
+from sim.__main__ import main, run_grid
+from sim.scenario import Scenario
 
 
 def test_cli_runs_a_grid_and_writes_json_and_pngs(tmp_path):
@@ -43,3 +44,17 @@ def test_goodput_at_sla_interpolates_where_attainment_crosses_90_percent():
     assert got["pow2+fixed"] is None  # never reaches 90%
     s = summary(rows + [_row("pow2", "fixed", 0.8, 80.0, 0.5, 40.0)])
     assert s["goodput_ratio_vs_pow2_fixed_at_80pct"] == 1.9 and s["attainment_at_80pct"] == 0.95
+
+
+def test_parallel_grid_gives_the_serial_results_in_order():
+    scenarios = [
+        Scenario(profile="cpu_measured", replicas=2, router=router, scheduler="engine", load=0.5,
+                 duration_s=3.0, warmup_s=1.0, drain_s=8.0)
+        for router in ("sla", "pow2", "round_robin")
+    ]  # fmt: skip
+    serial = run_grid(scenarios)
+    parallel = run_grid(scenarios, workers=2)
+    assert [r["scenario"]["router"] for r in parallel] == ["sla", "pow2", "round_robin"]
+    for a, b in zip(serial, parallel):
+        assert a["summary"] == b["summary"] and a["timeline"] == b["timeline"]
+        assert a["summary"]["requests"] > 0

@@ -1,9 +1,10 @@
 """The cluster simulator's benchmark: routing x budget arms at GPU scale, the router's cost at 1,000 replicas,
 and validation of the simulator against real Ray Serve on this machine.
 
-    python bench/sim.py                      # everything (hours on an idle machine; see --help)
+    python bench/sim.py --skip-validation    # the simulation (estimated 12-16 min on an idle 2-core machine)
+    python bench/sim_validate.py             # then the validation, into the same sim.json (about 5 min)
+    python bench/sim.py                      # both in one go
     python bench/sim.py --quick              # a smoke run: tiny fleets, seconds of simulated time
-    python bench/sim.py --skip-validation    # simulation only (no models, no Ray)
 
 Arms: routers {pow2 (Ray Serve's default), round_robin, sla (router/)} x budgets {fixed (a block of gamma
 verified every round), engine (the DSpark scheduler alone), controller (controller/'s policy, when that
@@ -131,7 +132,7 @@ def scale(args: argparse.Namespace) -> dict:
     # Scoring every replica (no candidate sampling) on the final state, for contrast.
     arm = cluster.router
     stats = {r.replica_id: arm.stats(r.replica_id) for r in cluster.replicas}
-    pending = [r for r in cluster.requests if r.outcome == "pending"][:200] or cluster.requests[:200]
+    pending = [r for r in cluster.requests if r.outcome == "pending"][:50] or cluster.requests[:50]
     full = []
     for req in pending:
         start = time.thread_time()

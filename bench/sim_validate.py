@@ -8,24 +8,34 @@ simulated replicas with this machine's profile (sim/profiles/cpu_measured.json),
 by the one the real replicas use (the newest table in the engine's cache after the stack started) and whose
 engine settings follow the app's. Reported for each metric: real, simulated, and the relative difference.
 
-Run by bench/sim.py (on an idle machine: the real half measures this machine).
+Run on an idle machine (the real half measures this machine), by bench/sim.py or alone:
+
+    python bench/sim_validate.py [--quick] [--models models] [--drafter dspark]
+
+which writes bench/results/sim_validate.json and, when bench/results/sim.json exists, puts the result
+in its "validation" entry (so `bench/sim.py --skip-validation` and this together make the full report).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 import json
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 
-from sim.cluster import Cluster, ClusterConfig, Group
-from sim.metrics import summarize
-from sim.profiles import load
-from sim.scenario import CLASSES
-from sim.workload import Request, Workload, generate
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script from anywhere
+
+from sim.cluster import Cluster, ClusterConfig, Group  # noqa: E402
+from sim.metrics import summarize  # noqa: E402
+from sim.profiles import load  # noqa: E402
+from sim.scenario import CLASSES  # noqa: E402
+from sim.workload import Request, Workload, generate  # noqa: E402
 
 METRICS = ("throughput_rps", "output_tok_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
 ENGINE = {
@@ -208,3 +218,30 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a smoke run: 6 s of arrivals at 1 request/s")
+    p.add_argument("--models", default="models")
+    p.add_argument("--drafter", default="dspark", help="ngram: a stack without trained drafters (smoke)")
+    p.add_argument("--out", type=Path, default=None, help="bench/results (build/sim_quick with --quick)")
+    args = p.parse_args(argv)
+    out = args.out or (REPO / "build" / "sim_quick" if args.quick else REPO / "bench" / "results")
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    result = validate(args.models, quick=args.quick, drafter=args.drafter)
+    result["wall_minutes"] = round((time.time() - start) / 60, 2)
+    result["command"] = "python bench/sim_validate.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    (out / "sim_validate.json").write_text(json.dumps(result, indent=1))
+    report = out / "sim.json"
+    if report.is_file():
+        data = json.loads(report.read_text())
+        data["validation"] = result
+        report.write_text(json.dumps(data, indent=1))
+    print(json.dumps(result, indent=1))
+    print("wrote", out / "sim_validate.json", *([report] if report.is_file() else []))
+
+
+if __name__ == "__main__":
+    main()

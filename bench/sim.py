@@ -57,6 +57,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--loads-1000", default="0.8", help="loads at the largest fleet (each run is long)")
     p.add_argument("--duration", type=float, default=60.0, help="simulated seconds of arrivals")
     p.add_argument("--duration-1000", type=float, default=20.0)
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="the engines' step token budget (chunked prefill); default the profile's (GPU class: 2048)",
+    )
     p.add_argument("--drain-1000", type=float, default=20.0, help="simulated seconds after the last arrival")
     p.add_argument(
         "--workers",
@@ -105,6 +111,7 @@ def arms(args: argparse.Namespace) -> list[dict]:
                 duration_s=duration,
                 warmup_s=min(10.0, duration / 4),
                 drain_s=min(args.drain_1000 if largest else 30.0, 2 * duration),
+                max_num_batched_tokens=args.max_num_batched_tokens,
             )
             for router in ROUTERS
             for budget in budgets()
@@ -126,6 +133,7 @@ def scale(args: argparse.Namespace) -> dict:
         duration_s=args.scale_duration,
         warmup_s=0.0,
         drain_s=0.0,
+        max_num_batched_tokens=args.max_num_batched_tokens,
     )
     result = run(s)
     cluster = result.pop("cluster")

@@ -45,6 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hetero", action="store_true", help="half the fleet a 2x faster class")
     p.add_argument("--failures", type=int, default=0)
     p.add_argument("--candidates", type=int, default=16, help="replicas the SLA router scores per request")
+    p.add_argument(
+        "--max-num-batched-tokens", type=int, default=None, help="the engines' step token budget (profile's)"
+    )
     p.add_argument("--workers", type=int, default=1, help="scenarios simulated in parallel processes")
     p.add_argument("--out", default="build/sim")
     return p.parse_args(argv)
@@ -67,6 +70,7 @@ def grid(args: argparse.Namespace) -> list[Scenario]:
             hetero=args.hetero,
             failures=args.failures,
             candidates=args.candidates,
+            max_num_batched_tokens=args.max_num_batched_tokens,
         )
         for router in args.router
         for scheduler in args.scheduler

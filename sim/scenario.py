@@ -14,7 +14,7 @@ import gc
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from router.policy import Sla
 from sim.cluster import Cluster, ClusterConfig, Failure, Group
@@ -67,10 +67,19 @@ class Scenario:
     stats_period_s: float = 0.25
     workload: Mapping = field(default_factory=dict)  # overrides of Workload fields
     draft_gate: bool = True
+    # The engines' step token budget (chunked prefill), when not the profile's. Load stays relative to
+    # the profile's own capacity, so the same load offers the same traffic whatever the budget.
+    max_num_batched_tokens: int | None = None
 
     def build(self) -> tuple[ClusterConfig, Workload, float]:
         base = load(self.profile)
         groups = self._fleet(base)
+        served = groups
+        if self.max_num_batched_tokens is not None:
+            budget = self.max_num_batched_tokens
+            served = self._fleet(
+                replace(base, name=f"{base.name}-M{budget}", max_num_batched_tokens=budget, cache={})
+            )
         classes = CLASSES.get(self.profile, CLASSES["gpu_dsv4flash_rocm"])
         shape = Workload(
             rate=1.0, duration_s=self.duration_s, pattern=self.pattern, seed=self.seed, **self.workload
@@ -84,7 +93,7 @@ class Scenario:
             for k in range(self.failures)
         )
         config = ClusterConfig(
-            fleet=groups,
+            fleet=served,
             classes=classes,
             default_class="standard",
             router=self.router,

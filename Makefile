@@ -40,7 +40,8 @@ bench: models
 
 # The cluster simulator's benchmark (bench/sim.py): routing x budget arms at 100 and 1,000 simulated GPU
 # replicas, the router's decision time at 1,000, and validation against real Ray Serve (needs the models).
-# Hours on an idle machine; `$(PY) bench/sim.py --quick` is a smoke run.
+# About 20 min on an idle 2-core machine (simulation ~12-16, validation ~5); `$(PY) bench/sim.py --quick`
+# is a smoke run.
 sim: install
 	$(PY) bench/sim.py --models $(MODELS)
 

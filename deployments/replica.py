@@ -22,7 +22,7 @@ from ray import serve
 from deployments import replica_control, replica_state, running
 from deployments.config import AppConfig
 from deployments.errors import classify
-from deployments.events import StreamEvent
+from deployments.events import StreamEvent, coalesce
 from deployments.telemetry import setup_process
 from deployments.tensor_parallel import KEEPALIVE_PERIOD_S
 from dspark.async_engine import CALL_TIMEOUT_S, AsyncEngine
@@ -114,13 +114,7 @@ class TargetReplica:
         self._running.add(request_id, pending)
         try:
             while True:
-                event, held = (held, None) if held is not None else (await pending.get(), None)
-                while isinstance(event, StreamEvent) and not event.finished and not pending.empty():
-                    nxt = pending.get_nowait()
-                    if not isinstance(nxt, StreamEvent):
-                        held = nxt
-                        break
-                    event = event.then(nxt)
+                event, held = coalesce(held if held is not None else await pending.get(), pending)
                 if event is running.ABORTED:
                     yield last.aborted()
                     return

@@ -4,16 +4,20 @@ and a stalled or broken engine: reported by the health check, answered within de
 from __future__ import annotations
 
 import asyncio
+import pickle
 import threading
 import time
 
 import pytest
+from ray import cloudpickle
 from serving import ENGINE, wait_until
 
+from deployments.events import StreamEvent, coalesce
 from deployments.grpc_api import _final
 from deployments.replica import TargetReplica
 from deployments.replica_state import RecentRounds
 from dspark.errors import EngineDeadError, InvalidRequestError
+from dspark.outputs import SpeculationStats
 from dspark.prefix_cache import cached_prefix_tokens
 from dspark.sampling_params import SamplingParams
 from dspark_client.types import CompletionBuilder, Usage
@@ -213,6 +217,93 @@ def test_events_merge_keeps_every_token():
         3,
     )
     assert merged.speculation == b.speculation
+
+
+def _event(i: int, text: str, finished: bool = False) -> StreamEvent:
+    """The delta of engine step i: one token, i + 1 generated so far."""
+    return StreamEvent(
+        "r",
+        text,
+        (100 + i,),
+        finished,
+        "length" if finished else None,
+        3,
+        i + 1,
+        SpeculationStats(i, 0, 0, 1.0),
+    )
+
+
+def test_steps_that_piled_up_between_reads_travel_as_one_message_in_order():
+    """Many engine steps between two reads of the consumer: one message carrying every token in order,
+    its text the steps' texts concatenated (multi-byte characters included), the last step's totals."""
+    texts = ["de", "f ", "f(", "x", "):", "\n    ", "ré", "", "sumé ✓"]
+    steps = [_event(i, t) for i, t in enumerate(texts)]
+
+    async def run():
+        pending: asyncio.Queue = asyncio.Queue()
+        for step in steps[1:]:
+            pending.put_nowait(step)
+        sent, held = coalesce(steps[0], pending)
+        return sent, held, pending.empty()
+
+    sent, held, drained = asyncio.run(run())
+    assert held is None and drained
+    assert sent.text == "".join(texts) == "def f(x):\n    résumé ✓"
+    assert sent.token_ids == tuple(100 + i for i in range(len(steps)))
+    assert (sent.completion_tokens, sent.speculation, sent.finished) == (
+        len(steps),
+        steps[-1].speculation,
+        False,
+    )
+
+
+def test_a_consumer_that_keeps_up_gets_every_step_at_once_and_alone():
+    async def run():
+        pending: asyncio.Queue = asyncio.Queue()
+        return coalesce(_event(0, "a"), pending)
+
+    assert asyncio.run(run()) == (_event(0, "a"), None)
+
+
+def test_coalescing_stops_at_the_last_step_and_holds_back_what_follows_tokens():
+    """The finished step ends a message (usage and finish_reason are its own); an abort or an error
+    queued behind tokens is acted on only after those tokens went out."""
+    boom = RuntimeError("engine shut down")
+
+    async def run():
+        pending: asyncio.Queue = asyncio.Queue()
+        for item in (_event(1, "b"), _event(2, "c", finished=True), _event(3, "late")):
+            pending.put_nowait(item)
+        finished = coalesce(_event(0, "a"), pending)
+        behind: asyncio.Queue = asyncio.Queue()
+        for item in (_event(1, "b"), boom, _event(2, "c")):
+            behind.put_nowait(item)
+        tokens, error = coalesce(_event(0, "a"), behind)
+        # The held item is sent next as itself, merged with nothing: the queue keeps what follows it.
+        return finished, pending.qsize(), (tokens, error), coalesce(error, behind), behind.qsize()
+
+    (sent, held), left, (before_error, error), then, after = asyncio.run(run())
+    assert (sent.text, sent.token_ids, sent.finished, sent.finish_reason, held) == (
+        "abc",
+        (100, 101, 102),
+        True,
+        "length",
+        None,
+    )
+    assert sent.usage()["completion_tokens"] == 3 and left == 1
+    assert (before_error.text, before_error.token_ids, error, after) == ("ab", (100, 101), boom, 1)
+    assert then == (boom, None)
+
+
+def test_an_event_travels_as_builtins_and_arrives_equal():
+    """Ray pickles every streamed message: an event reduces to a flat tuple of builtins (no dataclass
+    state for cloudpickle to walk) and unpickles equal, span attributes and speculation included."""
+    spec = SpeculationStats(4, 20, 8, 3.0, proposed_tokens=21, accepted_by_position=(4, 3, 1))
+    event = StreamEvent("r.k", "é", (7, 8), True, "stop", 5, 9, spec, 2, {"dspark.tau": 3.0})
+    _, args = event.__reduce__()
+    assert all(type(a) in (str, tuple, bool, int, dict) for a in args if a is not None)
+    assert pickle.loads(cloudpickle.dumps(event)) == event
+    assert pickle.loads(pickle.dumps(_event(0, "a"))) == _event(0, "a")
 
 
 def test_routing_stats_name_the_cached_prompt_pages(replica):

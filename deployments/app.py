@@ -26,6 +26,14 @@ log = logging.getLogger(__name__)
 
 # AppConfig fields the target replicas never read.
 ROUTING_FIELDS = {"router", "router_options", "routing_stats_period_s", "sla_classes", "default_sla_class"}
+# Serve runs a replica's user code on an event loop thread of its own, and a handle's router on a third:
+# every streamed message then crosses threads once in the target replica and twice in the ingress, under
+# the GIL the engine thread needs. Neither our ingress nor our replica blocks its event loop (prompts are
+# tokenized and the engine runs on threads of their own), so both run on Serve's main loop instead.
+STREAMING_ENV = {
+    "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+    "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+}
 # What the Serve config's grpc_options.grpc_servicer_functions must list for the gRPC surface.
 GRPC_SERVICERS = [
     "dspark_client.proto.add_GenerationServicer_to_server",
@@ -75,7 +83,10 @@ def build_app(args: dict | AppConfig) -> Application:
         # Streams wait on the replicas, not on this process: let each hold every replica's requests.
         max_ongoing_requests=per_replica * config.max_replicas + 16,
         max_queued_requests=config.max_queued_requests,
-        ray_actor_options={"num_cpus": config.ingress_num_cpus, **runtime_env},
+        ray_actor_options={
+            "num_cpus": config.ingress_num_cpus,
+            "runtime_env": {"env_vars": {**env, **STREAMING_ENV}},
+        },
     ).bind(replica, data, controller)
 
 
@@ -99,6 +110,7 @@ def _builtin_placement(config: AppConfig) -> dict:
         "num_cpus": config.replica_num_cpus,
         "num_gpus": gpus,
         "resources": dict(config.replica_resources),
+        "runtime_env": {"env_vars": dict(STREAMING_ENV)},
     }
     placement: dict = {"ray_actor_options": actor}
     if tp > 1:

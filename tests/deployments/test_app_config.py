@@ -32,6 +32,18 @@ def test_build_app_binds_both_deployments(qwen3_dir):
     assert app is not None
 
 
+def test_ingress_and_replicas_run_user_code_on_serves_main_loop(qwen3_dir):
+    """The streaming path's Serve flags reach the ingress and the target replicas, beside telemetry's."""
+    env = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
+    app = build_app({"model": str(qwen3_dir), "telemetry": {"service_name": "svc"}})
+    ingress = app._bound_deployment
+    replica = ingress.init_args[0]._bound_deployment
+    for deployment in (ingress, replica):
+        env_vars = deployment.ray_actor_options["runtime_env"]["env_vars"]
+        assert env.items() <= env_vars.items()
+        assert env_vars["OTEL_SERVICE_NAME"] == "svc"
+
+
 def test_ingress_replicas_default_to_two_and_follow_the_config(qwen3_dir):
     assert AppConfig(model=str(qwen3_dir)).num_ingress_replicas == 2
     ingress = build_app({"model": str(qwen3_dir), "num_ingress_replicas": 3})._bound_deployment

@@ -2,11 +2,15 @@
 
 Offline is the engine in this process (AsyncEngine); HTTP is the OpenAI API through Ray Serve's proxy
 (official `openai` client, SSE); gRPC is `dspark_client` through Serve's gRPC proxy. The served stack
-is one replica with the offline engine's options, so the difference is the serving path. Each
+is one replica with the offline engine's options and one ingress replica (on a machine of a few cores a
+second ingress process only takes the engine's CPU), so the difference is the serving path. Each
 concurrency level runs every method in rotating order; greedy decoding with a fixed output length
-makes every method produce the same tokens.
+makes every method produce the same tokens. Beside tok/s, each served point records the CPU time the
+proxy, the ingress and the replica spent per generated token (from /proc, so it reads alike on a busy
+machine) and the messages per token a stream took.
 
     python bench/serve.py --model models/target [--drafter ngram] [--prompts 16] [--max-tokens 64]
+    python bench/serve.py --quick      # a smoke run: tiny sizes, written to a scratch file
 
 Writes bench/results/serve.json and bench/results/serve.md.
 """
@@ -20,6 +24,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,11 +38,17 @@ RESULTS = REPO / "bench" / "results"
 METHODS = ("offline", "http", "grpc")
 
 
+# The serving processes by their Ray process titles.
+PROCESSES = {"proxy": "ray::ProxyActor", "ingress": "ServeReplica:bench:Ingress", "replica": "TargetReplica"}
+TARGETS = {"c1": 0.10, "c8": 0.15}  # issue 17: tok/s/user overhead against offline, both surfaces
+
+
 @dataclass
 class Sample:
     tokens: int
     seconds: float  # request start to last token
     ttft: float
+    messages: int = 0  # stream messages received (SSE chunks with text, gRPC deltas)
 
 
 def summarize(samples: list[Sample], wall: float) -> dict:
@@ -45,8 +56,45 @@ def summarize(samples: list[Sample], wall: float) -> dict:
         "tok_s_user": statistics.mean(s.tokens / s.seconds for s in samples),
         "tok_s_total": sum(s.tokens for s in samples) / wall,
         "ttft_s": statistics.mean(s.ttft for s in samples),
+        "messages_per_token": sum(s.messages for s in samples) / max(1, sum(s.tokens for s in samples)),
         "requests": len(samples),
     }
+
+
+def serve_pids() -> dict[str, list[int]]:
+    """This run's serving processes (descendants of this one: another Ray on the machine is not ours)."""
+    found: dict[str, list[int]] = {}
+    parents: dict[int, int] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
+            parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        for name, title in PROCESSES.items():
+            if cmdline.startswith("ray::") and title in cmdline:
+                found.setdefault(name, []).append(int(entry))
+
+    def ours(pid: int) -> bool:
+        while pid > 1:
+            if pid == os.getpid():
+                return True
+            pid = parents.get(pid, 1)
+        return False
+
+    return {name: [p for p in pids if ours(p)] for name, pids in found.items() if any(map(ours, pids))}
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of these processes so far."""
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def run_offline(engine, prompts: list[str], max_tokens: int, concurrency: int) -> tuple[list[Sample], float]:
@@ -90,27 +138,35 @@ def http_request(client, model: str, max_tokens: int):
             stream_options={"include_usage": True},
             extra_body={"ignore_eos": True},
         )
+        messages = 0
         for chunk in stream:
             first = first or time.perf_counter()
+            messages += bool(chunk.choices)
             if chunk.usage is not None:
                 tokens = chunk.usage.completion_tokens
-        return Sample(tokens, time.perf_counter() - start, first - start)
+        return Sample(tokens, time.perf_counter() - start, first - start, messages)
 
     return one
 
 
 def grpc_request(client, max_tokens: int):
     def one(prompt: str) -> Sample:
-        start, first = time.perf_counter(), None
+        start, first, messages = time.perf_counter(), None, 0
         with client.stream(prompt, max_tokens=max_tokens, temperature=0.0, ignore_eos=True) as stream:
             for _ in stream:
                 first = first or time.perf_counter()
-        return Sample(stream.completion.usage.completion_tokens, time.perf_counter() - start, first - start)
+                messages += 1
+        tokens = stream.completion.usage.completion_tokens
+        return Sample(tokens, time.perf_counter() - start, first - start, messages)
 
     return one
 
 
-def start_stack(model: str, engine_options: dict, threads: int) -> tuple[str, str]:
+def start_stack(
+    model: str, engine_options: dict, threads: int, app: dict | None = None, env: dict | None = None
+) -> tuple[str, str]:
+    """One target replica with the offline engine's options; `app`: more AppConfig fields, `env`: more
+    environment for every Ray process (Serve's own flags)."""
     import ray
     from ray import serve
 
@@ -119,13 +175,22 @@ def start_stack(model: str, engine_options: dict, threads: int) -> tuple[str, st
 
     http_port, grpc_port = _free_port(), _free_port()
     ray.init(
-        include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(repo)}}, log_to_driver=False
+        include_dashboard=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(repo), **(env or {})}},
+        log_to_driver=False,
     )
     serve.start(
         http_options={"host": "127.0.0.1", "port": http_port},
         grpc_options={"port": grpc_port, "grpc_servicer_functions": GRPC_SERVICERS},
     )
-    args = {"model": model, "engine": engine_options, "num_replicas": 1, "torch_num_threads": threads}
+    args = {
+        "model": model,
+        "engine": engine_options,
+        "num_replicas": 1,
+        "num_ingress_replicas": 1,
+        "torch_num_threads": threads,
+        **(app or {}),
+    }
     serve.run(build_app(args), name="bench", route_prefix="/")
     return f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}"
 
@@ -140,8 +205,9 @@ def _free_port() -> int:
 
 def table(results: dict) -> str:
     lines = [
-        "| concurrency | method | tok/s/user | aggregate tok/s | mean TTFT (s) | tok/s/user vs offline |",
-        "|---:|---|---:|---:|---:|---:|",
+        "| concurrency | method | tok/s/user | aggregate tok/s | mean TTFT (s) | tok/s/user vs offline "
+        "| messages/token | CPU ms/token: proxy, ingress, replica |",
+        "|---:|---|---:|---:|---:|---:|---:|---|",
     ]
     for point in results["points"]:
         base = next(
@@ -149,9 +215,13 @@ def table(results: dict) -> str:
             for p in results["points"]
             if p["method"] == "offline" and p["concurrency"] == point["concurrency"]
         )
+        cpu = [point.get(f"cpu_ms_per_token_{name}") for name in PROCESSES]
+        cpu_cell = ", ".join("-" if v is None else f"{v:.2f}" for v in cpu) if any(cpu) else "-"
+        messages = f"{point['messages_per_token']:.3f}" if point["method"] != "offline" else "-"
         lines.append(
             f"| {point['concurrency']} | {point['method']} | {point['tok_s_user']:.1f} | "
-            f"{point['tok_s_total']:.1f} | {point['ttft_s']:.3f} | {point['tok_s_user'] / base - 1:+.1%} |"
+            f"{point['tok_s_total']:.1f} | {point['ttft_s']:.3f} | {point['tok_s_user'] / base - 1:+.1%} "
+            f"| {messages} | {cpu_cell} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -168,7 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the engine, both paths")
     parser.add_argument("--out", type=Path, default=RESULTS / "serve.json")
+    parser.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, a scratch output file")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.prompts, args.max_tokens, args.repeats, args.concurrency = 2, 8, 1, [1, 2]
+        args.out = Path(tempfile.gettempdir()) / "serve_quick.json"
 
     import openai
     import torch
@@ -203,13 +277,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for method in METHODS:  # warm every path (first-request imports, connections)
             runners[method](prompts[:1], 1)
+        pids = serve_pids()
         collected: dict[tuple[str, int], list] = {}
         jobs = [(c, r) for c in args.concurrency for r in range(args.repeats)]
         for c, r in tqdm(jobs, desc="serve bench"):
             for k in range(len(METHODS)):  # rotate the order so drift hits every method alike
                 method = METHODS[(k + r) % len(METHODS)]
+                before = {proc: cpu_seconds(p) for proc, p in pids.items()}
                 samples, wall = runners[method](prompts, c)
-                collected.setdefault((method, c), []).append(summarize(samples, wall))
+                run = summarize(samples, wall)
+                if method != "offline":  # what each serving process spent per generated token
+                    tokens = sum(s.tokens for s in samples)
+                    for proc, p in pids.items():
+                        run[f"cpu_ms_per_token_{proc}"] = 1000 * (cpu_seconds(p) - before[proc]) / tokens
+                collected.setdefault((method, c), []).append(run)
     finally:
         grpc_client.close()
         offline.shutdown()
@@ -223,10 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         {
             "method": method,
             "concurrency": c,
-            **{
-                key: statistics.mean(run[key] for run in runs)
-                for key in ("tok_s_user", "tok_s_total", "ttft_s")
-            },
+            **{key: statistics.mean(run[key] for run in runs) for key in runs[0] if key != "requests"},
         }
         for (method, c), runs in sorted(collected.items(), key=lambda kv: (kv[0][1], METHODS.index(kv[0][0])))
     ]
@@ -251,9 +329,11 @@ def main(argv: list[str] | None = None) -> int:
             "prompts": len(prompts),
             "max_tokens": args.max_tokens,
             "repeats": args.repeats,
+            "num_ingress_replicas": 1,
+            "serving_processes": {proc: len(p) for proc, p in pids.items()},
         },
         "points": points,
-        "summary": {"tok_s_user_overhead_vs_offline": overhead, "target": "<= 0.10"},
+        "summary": {"tok_s_user_overhead_vs_offline": overhead, "target": TARGETS},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

@@ -1,0 +1,181 @@
+"""Where a streamed token's cost goes: messages per token on each hop, and CPU shares per process.
+
+Starts the same one-replica stack as bench/serve.py, streams `--prompts` requests at `--concurrency`
+over HTTP and over gRPC, and counts what crossed each hop: gRPC deltas (one per replica -> ingress ->
+proxy -> client message: the ingress forwards each replica event as one delta) and SSE chunks, per
+generated token, beside the engine's verify rounds. With py-spy (`--py-spy`), it samples the proxy, the
+ingress and the replica during the HTTP run and prints each process's top functions by share of its
+samples. Counts and shares, not absolute times, so it reads the same on a busy machine.
+
+    python bench/stream_profile.py --model models/target --drafter ngram --concurrency 8 [--py-spy]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+
+def record(spy: str, pid: int, seconds: float, out: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [spy, "record", "--format", "raw", "--nonblocking", "--gil", "-r", "200"]
+        + ["-d", str(max(1, round(seconds))), "-p", str(pid), "-o", str(out)],
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def top_functions(raw: Path, n: int = 15) -> list[tuple[str, float]]:
+    """Inclusive share of each function over the sampled stacks that held the GIL (collapsed format:
+    'a;b;c count'), the stack frames of threads that only wait left out by py-spy's --gil."""
+    counts: collections.Counter = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        frames = {f.split(" (")[0] + " (" + f.rsplit("/", 1)[-1] for f in stack.split(";")[1:]}
+        for frame in frames:
+            counts[frame] += int(count)
+        total += int(count)
+    return [(f, c / total) for f, c in counts.most_common(n)] if total else []
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="models/target")
+    parser.add_argument("--drafter", default="ngram")
+    parser.add_argument("--num-speculative-tokens", type=int, default=5)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--app", default="{}", help="more AppConfig fields, as JSON")
+    parser.add_argument("--env", nargs="*", default=[], help="KEY=VALUE for every Ray process")
+    parser.add_argument("--py-spy", action="store_true", help="sample the serving processes (needs py-spy)")
+    args = parser.parse_args(argv)
+
+    import openai
+    from serve import cpu_seconds, run_threads, serve_pids, start_stack  # bench/serve.py
+    from transformers import AutoTokenizer
+
+    import dspark_client
+    from drafter_service.demo.corpus import heldout_prompts
+
+    model = str(Path(args.model).resolve())
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    prompts = heldout_prompts("code", args.prompts, 48, tokenizer)
+    engine_options = {
+        "drafter": args.drafter,
+        "num_speculative_tokens": args.num_speculative_tokens,
+        "max_num_seqs": args.concurrency,
+    }
+    http_url, grpc_target = start_stack(
+        model, engine_options, args.threads, json.loads(args.app), dict(kv.split("=", 1) for kv in args.env)
+    )
+    http = openai.OpenAI(base_url=http_url + "/v1", api_key="-", max_retries=0, timeout=600)
+    client = dspark_client.Client(grpc_target, timeout_s=600)
+    counts = collections.Counter()
+    lock = threading.Lock()
+
+    def http_one(prompt: str):
+        chunks, tokens = 0, 0
+        stream = client_http(prompt)
+        for chunk in stream:
+            if chunk.choices:
+                chunks += 1
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+        with lock:
+            counts["http_chunks"] += chunks
+            counts["http_tokens"] += tokens
+
+    def client_http(prompt: str):
+        return http.completions.create(
+            model=Path(model).name,
+            prompt=prompt,
+            max_tokens=args.max_tokens,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+
+    def grpc_one(prompt: str):
+        deltas = 0
+        with client.stream(prompt, max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True) as stream:
+            for _ in stream:
+                deltas += 1
+        with lock:
+            counts["grpc_deltas"] += deltas
+            counts["grpc_tokens"] += stream.completion.usage.completion_tokens
+            counts["grpc_rounds"] += stream.completion.speculation.rounds
+
+    try:
+        run_threads(http_one, prompts[:1], 1)  # warm both paths
+        run_threads(grpc_one, prompts[:1], 1)
+        counts.clear()
+        pids = serve_pids()
+        print(f"serving processes: {pids}")
+        before = {name: cpu_seconds(p) for name, p in pids.items()}
+        time.sleep(3.0)  # the idle cost: health checks, routing stats, metrics
+        idle = {name: (cpu_seconds(p) - before[name]) / 3.0 for name, p in pids.items()}
+        print("idle CPU ms per second: " + ", ".join(f"{n} {1000 * t:.0f}" for n, t in idle.items()))
+        spy = shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+        spy = spy if args.py_spy else None
+        tmp = Path(tempfile.mkdtemp(prefix="stream_profile_"))
+        for label, fn in (("http", http_one), ("grpc", grpc_one)):
+            procs = {}
+            if spy:
+                _, wall = run_threads(fn, prompts, args.concurrency)  # how long to sample for
+                procs = {
+                    name: record(spy, pid[0], wall, tmp / f"{label}_{name}.txt") for name, pid in pids.items()
+                }
+                time.sleep(0.5)  # py-spy attaches (the counts below are ratios: two runs count alike)
+            before = {name: cpu_seconds(p) for name, p in pids.items()}
+            tokens = counts[f"{label}_tokens"]
+            _, wall = run_threads(fn, prompts, args.concurrency)
+            tokens = counts[f"{label}_tokens"] - tokens
+            cpu = {name: cpu_seconds(p) - before[name] for name, p in pids.items()}
+            print(
+                f"[{label}] CPU ms per generated token: "
+                + ", ".join(
+                    f"{name} ({len(pids[name])} proc) {1000 * t / tokens:.2f}" for name, t in cpu.items()
+                )
+            )
+            for proc in procs.values():
+                proc.wait()
+            for name in procs:
+                print(f"\n[{label}] {name} (pid {pids[name][0]}): functions by share of GIL-holding samples")
+                for func, share in top_functions(tmp / f"{label}_{name}.txt"):
+                    print(f"  {share:6.1%}  {func}")
+    finally:
+        client.close()
+        import ray
+        from ray import serve
+
+        serve.shutdown()
+        ray.shutdown()
+    print(
+        f"\nconcurrency {args.concurrency}: per generated token: "
+        f"gRPC messages {counts['grpc_deltas'] / max(1, counts['grpc_tokens']):.3f} "
+        f"(verify rounds {counts['grpc_rounds'] / max(1, counts['grpc_tokens']):.3f}), "
+        f"SSE chunks {counts['http_chunks'] / max(1, counts['http_tokens']):.3f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

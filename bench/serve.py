@@ -170,13 +170,13 @@ def start_stack(
     import ray
     from ray import serve
 
-    from deployments.app import GRPC_SERVICERS, build_app
+    from deployments.app import GRPC_SERVICERS, PROXY_ENV, build_app
     from deployments.serve import REPO as repo
 
     http_port, grpc_port = _free_port(), _free_port()
     ray.init(
         include_dashboard=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(repo), **(env or {})}},
+        runtime_env={"env_vars": {"PYTHONPATH": str(repo), **PROXY_ENV, **(env or {})}},
         log_to_driver=False,
     )
     serve.start(

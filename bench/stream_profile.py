@@ -129,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         counts.clear()
         pids = serve_pids()
         print(f"serving processes: {pids}")
+        for name, p in pids.items():  # the Serve flags each process runs with
+            env = Path(f"/proc/{p[0]}/environ").read_bytes().split(b"\0")
+            flags = sorted(e.decode() for e in env if e.startswith(b"RAY_SERVE_RUN_"))
+            print(f"  {name}: {flags}")
         before = {name: cpu_seconds(p) for name, p in pids.items()}
         time.sleep(3.0)  # the idle cost: health checks, routing stats, metrics
         idle = {name: (cpu_seconds(p) - before[name]) / 3.0 for name, p in pids.items()}

@@ -34,6 +34,9 @@ STREAMING_ENV = {
     "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
     "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
 }
+# The same for Serve's proxies, which an app cannot configure: whoever starts Ray passes it to every Ray
+# process (`make serve` and bench/serve.py do, in ray.init's runtime_env).
+PROXY_ENV = {"RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
 # What the Serve config's grpc_options.grpc_servicer_functions must list for the gRPC surface.
 GRPC_SERVICERS = [
     "dspark_client.proto.add_GenerationServicer_to_server",

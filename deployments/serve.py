@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     from ray import serve
 
-    from deployments.app import build_app
+    from deployments.app import PROXY_ENV, build_app
 
     started = time.monotonic()
     ray.init(
@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         # Replicas import `deployments` from this checkout even when it is not installed as a package.
         runtime_env={
             "env_vars": {
-                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+                **PROXY_ENV,
             }
         },
     )

@@ -1,13 +1,16 @@
-"""Where a streamed token's cost goes: messages per token on each hop, and CPU shares per process.
+"""Where a streamed token's cost goes: messages per token on each hop, and CPU per process.
 
 Starts the same one-replica stack as bench/serve.py, streams `--prompts` requests at `--concurrency`
 over HTTP and over gRPC, and counts what crossed each hop: gRPC deltas (one per replica -> ingress ->
 proxy -> client message: the ingress forwards each replica event as one delta) and SSE chunks, per
-generated token, beside the engine's verify rounds. With py-spy (`--py-spy`), it samples the proxy, the
-ingress and the replica during the HTTP run and prints each process's top functions by share of its
-samples. Counts and shares, not absolute times, so it reads the same on a busy machine.
+generated token, beside the engine's verify rounds; it prints the Serve flags each serving process runs
+with, their CPU while idle, and the CPU time the proxy, the ingress and the replica spent per generated
+token (from /proc). With `--py-spy` it also samples one process of each kind during each run and prints
+the functions on the stacks that held the GIL, by share of samples. Counts, CPU time and shares, not
+wall times, so it reads alike on a busy machine.
 
     python bench/stream_profile.py --model models/target --drafter ngram --concurrency 8 [--py-spy]
+    python bench/stream_profile.py --app '{"num_ingress_replicas": 2}'   # AppConfig fields, as JSON
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pydantic
 import pytest
 
-from deployments.app import build_app
+from deployments.app import STREAMING_ENV, build_app
 from deployments.config import AppConfig
 from deployments.telemetry import TelemetryConfig, describe
 
@@ -62,12 +62,14 @@ def test_build_app_gives_every_deployment_the_variables(qwen3_dir):
         "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317",
         "DSPARK_TRACE_STEP_SAMPLE_RATE": "1.0",
     }
-    for deployment in (ingress, replica._bound_deployment, controller._bound_deployment):
-        assert deployment.ray_actor_options["runtime_env"] == {"env_vars": expected}
-    # Without a block the deployments inherit the environment untouched.
+    # The ingress and the target replicas also carry the streaming path's Serve flags (deployments/app.py).
+    for deployment in (ingress, replica._bound_deployment):
+        assert deployment.ray_actor_options["runtime_env"] == {"env_vars": expected | STREAMING_ENV}
+    assert controller._bound_deployment.ray_actor_options["runtime_env"] == {"env_vars": expected}
+    # Without a block the deployments inherit the environment's telemetry untouched: no OTEL_ variable.
     plain = build_app({"model": str(qwen3_dir)})._bound_deployment
-    assert "runtime_env" not in plain.ray_actor_options
-    assert "runtime_env" not in plain.init_args[0]._bound_deployment.ray_actor_options
+    for deployment in (plain, plain.init_args[0]._bound_deployment):
+        assert deployment.ray_actor_options["runtime_env"] == {"env_vars": STREAMING_ENV}
 
 
 def test_make_serve_says_where_telemetry_goes():

@@ -15,7 +15,7 @@ from manifests import embedded_core_objects, errors, kuberay_errors
 from ray.serve.schema import ServeDeploySchema
 from sglang_cpu import install_torchvision_stand_in
 
-from deployments.app import GRPC_SERVICERS, build_app
+from deployments.app import GRPC_SERVICERS, PROXY_ENV, build_app
 from deployments.config import AppConfig
 from scripts.chart import CHART, lint, manifests, profiles
 from tests.drafter_service.drafter_fixtures import save_untrained_dspark
@@ -244,6 +244,15 @@ def test_serve_service_exposes_http_and_grpc():
     head = rs["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     # KubeRay keeps only serve ports the head declares under the same names.
     assert {"serve", "serve-grpc"} <= {p["name"] for p in head["ports"]}
+
+
+def test_serve_proxies_get_the_streaming_path_flags():
+    """The proxies' environment is the container's: it carries what `make serve` passes to ray.init."""
+    cluster = rayservice({})["spec"]["rayClusterConfig"]
+    head = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]
+    (worker,) = cluster["workerGroupSpecs"][0]["template"]["spec"]["containers"]
+    for container in (head, worker):
+        assert PROXY_ENV.items() <= {e["name"]: e.get("value") for e in container["env"]}.items()
 
 
 def test_monitoring_objects():

@@ -36,6 +36,7 @@ bench: models
 	$(PY) bench/route_decision.py
 	$(PY) bench/route_stats_cost.py --model $(MODELS)/target
 	$(PY) bench/route.py --models $(MODELS)
+	$(PY) bench/control.py --model $(MODELS)/target --drafter dspark
 	$(PY) bench/telemetry.py --model $(MODELS)/target
 
 # The cluster simulator's benchmark (bench/sim.py): routing x budget arms at 100 and 1,000 simulated GPU

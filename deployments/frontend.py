@@ -43,10 +43,11 @@ from deployments.events import StreamEvent
 from deployments.telemetry import setup_process
 from deployments.validation import GenerationRequest, Limits
 from dspark.errors import InvalidRequestError
+from dspark.prefix_cache import route_hashes
 from dspark.telemetry.semconv import TEXT_COMPLETION
 from dspark.telemetry.spans import RequestSpan
 from router import decisions
-from router.policy import Newcomer
+from router.policy import Newcomer, PromptPages
 from router.sla import classes_of, resolve
 
 log = logging.getLogger(__name__)
@@ -159,9 +160,9 @@ class Frontend:
         params = replace(req.params, sla_class=sla.name)  # the engine's per-class draft budget reads it
         info = await self.model_info()
         loop = asyncio.get_running_loop()
-        ids = await loop.run_in_executor(self._tokenize_pool, self.prompt_ids, req, info)
+        ids, pages = await loop.run_in_executor(self._tokenize_pool, self.routed_prompt, req, info)
         rid = req.request_id or uuid.uuid4().hex
-        route = Newcomer(len(ids), params.max_tokens, sla, key=uuid.uuid4().hex[:12])
+        route = Newcomer(len(ids), params.max_tokens, sla, key=uuid.uuid4().hex[:12], prefix=pages)
         source = self.replica.options(stream=True).generate.remote(
             ids,
             params,
@@ -186,6 +187,15 @@ class Frontend:
         )
         # A replica that died meanwhile runs nothing any more: its error counts as nothing aborted.
         return any(isinstance(n, int) and n > 0 for n in counts)
+
+    def routed_prompt(self, req: GenerationRequest, info: dict) -> tuple[list[int], PromptPages | None]:
+        """The prompt's token ids and, for the SLA router when the replicas cache prefixes, its pages'
+        names: hashed here, once, off the event loop, so the router only matches them per replica."""
+        ids = self.prompt_ids(req, info)
+        page_size = info.get("kv_page_size")
+        if self.config.router != "sla" or not info.get("prefix_caching") or not page_size:
+            return ids, None
+        return ids, PromptPages(int(page_size), tuple(route_hashes(ids, int(page_size))))
 
     def prompt_ids(self, req: GenerationRequest, info: dict) -> list[int]:
         """The prompt as token ids, checked against the model's context and vocabulary (thread-safe)."""

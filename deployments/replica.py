@@ -144,6 +144,9 @@ class TargetReplica:
             "drafter": engine.drafter.name,
             "num_speculative_tokens": engine.gamma,
             "tensor_parallel_size": self.config.tensor_parallel_size,
+            # The ingress names a prompt's pages for the SLA router's prefix affinity (router/policy.py).
+            "kv_page_size": engine.pages.page_size,
+            "prefix_caching": engine.pages.prefix_caching,
         }
 
     async def record_routing_stats(self) -> dict:

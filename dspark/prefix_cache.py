@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 
 ROOT = 0  # the parent hash of a prompt's first page
@@ -59,6 +59,24 @@ def route_hash(full: int) -> str:
     return f"{full >> (8 * HASH_BYTES - 64):016x}"
 
 
+def route_hashes(token_ids: Sequence[int], page_size: int) -> list[str]:
+    """The short names (`route_hash`) of the prompt pages a replica could serve from its cache: the
+    full pages among a prompt's first ROUTE_MAX_DEPTH, less the last token's (it always runs: it makes
+    the first output token). A router hashes a prompt once and matches it against every replica."""
+    usable = token_ids[: max(0, len(token_ids) - 1)]
+    return [route_hash(h) for h in page_hashes(usable, page_size, ROUTE_MAX_DEPTH)]
+
+
+def held_prefix_pages(hashes: Sequence[str], held: Container[str]) -> int:
+    """How many of a prompt's leading pages (named by `route_hashes`) a replica holding `held` caches."""
+    hits = 0
+    for h in hashes:
+        if h not in held:
+            break
+        hits += 1
+    return hits
+
+
 def cached_prefix_tokens(token_ids: Sequence[int], summary: dict) -> int:
     """How many leading tokens of a prompt a replica holds, by its routing summary
     (`PageManager.routing_summary`): the prefill a router can expect it to skip. A prediction: the
@@ -66,14 +84,7 @@ def cached_prefix_tokens(token_ids: Sequence[int], summary: dict) -> int:
     page_size, held = int(summary.get("page_size", 0)), set(summary.get("hashes", ()))
     if page_size <= 0 or not held:
         return 0
-    # The last prompt token always runs (it makes the first output token), so it is never a hit.
-    usable = token_ids[: max(0, len(token_ids) - 1)]
-    hits = 0
-    for h in page_hashes(usable, page_size, ROUTE_MAX_DEPTH):
-        if route_hash(h) not in held:
-            break
-        hits += 1
-    return hits * page_size
+    return held_prefix_pages(route_hashes(token_ids, page_size), held) * page_size
 
 
 @dataclass

@@ -3,6 +3,12 @@
 serve_router.py feeds it what Serve hands a RequestRouter (each replica's routing_stats, the routed and
 completed callbacks) and returns its rankings to Serve. Serve calls it from its routing thread and from
 completion callbacks, so every entry point takes one lock; decide() is a few hundred microseconds.
+
+Prefix affinity needs the router's own memory too: a replica's pushed summary names the prompt pages it
+caches only once a snapshot taken after their prefill arrives, so a second request with the same
+prefix, sent before that, would see no replica holding it. The balancer remembers the pages of the
+prompts it sent each replica for PREFIX_MEMORY_S, after which the pushed summary alone speaks (it
+also tells which pages the replica kept).
 """
 
 from __future__ import annotations
@@ -10,12 +16,30 @@ from __future__ import annotations
 import math
 import random
 import threading
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, replace
 
 from router import decisions
 from router.policy import Decision, Newcomer, PolicyConfig, ReplicaState, Sla, decide
 from router.signals import Ledger, replica_state, speed_of
+
+PREFIX_MEMORY_S = 2.0  # a few stats periods (0.25 s) plus a prefill: then the pushed summary has it
+PREFIX_MEMORY_PAGES = 4096  # per replica: bounds the memory under a flood of distinct prompts
+
+
+class _Held(Container[str]):
+    """The page hashes a replica is expected to cache: its pushed summary's and those sent since."""
+
+    __slots__ = ("pushed", "sent")
+
+    def __init__(self, pushed: Container[str], sent: Mapping[str, float]) -> None:
+        self.pushed, self.sent = pushed, sent
+
+    def __contains__(self, page: object) -> bool:
+        return page in self.pushed or page in self.sent
+
+    def __bool__(self) -> bool:
+        return True
 
 
 @dataclass
@@ -26,6 +50,7 @@ class _Parsed:
     snapshot_at: float
     state: ReplicaState
     held: frozenset[str]  # the route keys the snapshot's engine runs
+    prefix_caching: bool  # the replica caches prompt pages (its stats' prefix_cache is enabled)
 
 
 class Balancer:
@@ -44,6 +69,8 @@ class Balancer:
         self.ledger = Ledger()
         self._rng = random.Random(seed)
         self._parsed: dict[str, _Parsed] = {}
+        # replica id -> page hash -> when this router last sent a prompt with that page (oldest first)
+        self._sent_pages: dict[str, dict[str, float]] = {}
         self._lock = threading.Lock()
 
     def decide(
@@ -62,12 +89,14 @@ class Balancer:
             if decision.action == "route":
                 first = decision.ranking[0]
                 self.ledger.sent(first, key, newcomer, self._page_size(first), now)
+                self._remember_pages(first, newcomer, now)
         decisions.record(newcomer.key, decision)
         return decision
 
     def routed(self, replica_id: str, key: str, newcomer: Newcomer, now: float) -> None:
         with self._lock:
             self.ledger.routed(replica_id, key, newcomer, self._page_size(replica_id), now)
+            self._remember_pages(replica_id, newcomer, now)
         decisions.placed(newcomer.key, replica_id)
 
     def completed(self, replica_id: str, key: str, now: float) -> None:
@@ -78,6 +107,7 @@ class Balancer:
         with self._lock:
             self.ledger.forget(replica_id)
             self._parsed.pop(replica_id, None)
+            self._sent_pages.pop(replica_id, None)
 
     def states(self, stats: Mapping[str, Mapping | None], now: float) -> list[ReplicaState]:
         """What decide() would see now (for tests and the admin view)."""
@@ -93,11 +123,31 @@ class Balancer:
             speed = speed_of(stats, self.prior_acceptance) if stats else None
             base = replica_state(replica_id, stats, speed, self.classes, self.default, math.inf)
             held = frozenset(stats.get("running_keys") or ()) if stats else frozenset()
-            parsed = self._parsed[replica_id] = _Parsed(version, snapshot_at, base, held)
+            caching = bool(stats and (stats.get("prefix_cache") or {}).get("enabled"))
+            parsed = self._parsed[replica_id] = _Parsed(version, snapshot_at, base, held, caching)
         state = parsed.state
         if stats:
-            state = replace(state, age_s=now - parsed.snapshot_at)
+            sent = self._recent_pages(replica_id, now)
+            cached = _Held(state.cached_prefix, sent) if sent else state.cached_prefix
+            state = replace(state, age_s=now - parsed.snapshot_at, cached_prefix=cached)
         return self.ledger.apply(state, parsed.held, parsed.snapshot_at, now)
+
+    def _remember_pages(self, replica_id: str, newcomer: Newcomer, now: float) -> None:
+        parsed = self._parsed.get(replica_id)
+        if newcomer.prefix is None or not newcomer.prefix.hashes or not (parsed and parsed.prefix_caching):
+            return
+        sent = self._sent_pages.setdefault(replica_id, {})
+        for page in newcomer.prefix.hashes:
+            sent.pop(page, None)  # re-inserted last: the dict stays ordered by time
+            sent[page] = now
+        while len(sent) > PREFIX_MEMORY_PAGES:
+            del sent[next(iter(sent))]
+
+    def _recent_pages(self, replica_id: str, now: float) -> dict[str, float] | None:
+        sent = self._sent_pages.get(replica_id)
+        while sent and next(iter(sent.values())) < now - PREFIX_MEMORY_S:
+            del sent[next(iter(sent))]
+        return sent or None
 
     def _page_size(self, replica_id: str) -> int:
         parsed = self._parsed.get(replica_id)

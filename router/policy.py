@@ -35,9 +35,14 @@ The choice (llm-d's endpoint picker's shape: filters -> scorers -> pick).
   replica is feasible when the slack is >= 0. Maximising the least slack sends a request to a fast
   replica until that replica's predicted TPOT meets a slow one's, then alternates.
   The pick takes the best slack among feasible replicas with fresh signals, then stale ones (they rank
-  after: their numbers may hide load), then replicas with no signals yet. Slacks within `tie_margin` of
-  the best are a tie: the least-loaded of them wins, a seeded draw between equals, so equal replicas
-  share load instead of one taking every request.
+  after: their numbers may hide load), then replicas with no signals yet. Slack counts up to
+  `ample_slack` (half the targets to spare): beyond it a replica is comfortably fast, and being
+  predicted faster still earns nothing, since predictions carry noise and a replica that looks a little
+  faster would otherwise take every request. Slacks within `tie_margin` of the best are a tie: the least-loaded of them wins, so equal replicas share load instead of one taking
+  every request; between equally loaded ones, the soonest predicted first token, then a seeded draw.
+  Prefix affinity falls out of the prediction, not a rule of its own: a replica that caches the
+  prompt's leading pages skips their prefill, so its TTFT is lower (its slack higher when TTFT binds,
+  the tie-break otherwise), while a loaded replica still loses to an idle one.
   When no replica is feasible, a class that may shed is refused, with the time until the replica that
   frees up first could meet it (the running requests finish in order of their tokens left, at the TPOT
   the replica runs now); a class that may not shed goes where its slack is largest. When no replica
@@ -51,7 +56,7 @@ from __future__ import annotations
 import bisect
 import math
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 
@@ -67,13 +72,23 @@ class Sla:
 
 
 @dataclass(frozen=True)
+class PromptPages:
+    """A prompt's leading full KV pages by name (dspark.prefix_cache.route_hashes), hashed once by the
+    ingress: each replica's cache is matched against them without rehashing the prompt."""
+
+    page_size: int
+    hashes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Newcomer:
-    """What the router knows of a request before it runs: its size and its SLA."""
+    """What the router knows of a request before it runs: its size, its SLA, its prompt's pages."""
 
     prompt_tokens: int
     max_tokens: int
     sla: Sla
     key: str = ""  # names its decision in the trace (router/decisions.py)
+    prefix: PromptPages | None = None  # None: no prefix caching to predict (or not hashed)
 
 
 @dataclass(frozen=True)
@@ -128,8 +143,9 @@ class ReplicaState:
     remaining_tokens: tuple[int, ...] = ()  # running requests' tokens left to max_tokens, ascending
     age_s: float = math.inf  # how old the pushed stats are
     healthy: bool = True
-    # Prefix caching: the prompt tokens this replica already holds for the newcomer (prefill it skips).
-    cached_prefix: Callable[[Newcomer], int] | None = None
+    # Prefix caching: the short hashes of the prompt pages this replica holds (its pushed summary and
+    # what this router sent it since), matched against the newcomer's pages: the prefill it would skip.
+    cached_prefix: Container[str] = frozenset()
 
     @property
     def load(self) -> int:
@@ -139,6 +155,10 @@ class ReplicaState:
 @dataclass(frozen=True)
 class PolicyConfig:
     tie_margin: float = 0.05  # slacks this close to the best are a tie (relative to the targets)
+    # Slack beyond this is as good as this: replicas that all meet the targets with this much to spare
+    # are equals, and load (then the soonest first token, where prefix affinity acts) decides, not
+    # small differences between their predicted speeds (noise, when both are comfortably fast).
+    ample_slack: float = 0.5
     stale_after_s: float = 1.0  # stats older than this rank after fresh ones
     min_retry_s: float = 0.25  # a retry hint never asks for less (signals refresh about this often)
     max_retry_s: float = 30.0
@@ -146,6 +166,8 @@ class PolicyConfig:
     def __post_init__(self) -> None:
         if not self.tie_margin >= 0:
             raise ValueError(f"tie_margin must be >= 0, got {self.tie_margin!r}")
+        if not 0 < self.ample_slack <= 1:
+            raise ValueError(f"ample_slack must be in (0, 1], got {self.ample_slack!r}")
         if not self.stale_after_s > 0:
             raise ValueError(f"stale_after_s must be > 0, got {self.stale_after_s!r}")
         if not 0 <= self.min_retry_s <= self.max_retry_s:
@@ -158,14 +180,18 @@ class Prediction:
     tpot_s: float
     tpot_others_s: float  # the TPOT of the requests already there once the newcomer decodes beside them
     slack: float  # the least relative slack over the newcomer's targets and the harm to others
+    cached_tokens: int = 0  # prompt tokens the replica is expected to serve from its prefix cache
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "ttft_ms": round(self.ttft_s * 1e3, 3),
             "tpot_ms": round(self.tpot_s * 1e3, 3),
             "tpot_others_ms": round(self.tpot_others_s * 1e3, 3),
             "slack": round(self.slack, 4),
         }
+        if self.cached_tokens:
+            out["cached_tokens"] = self.cached_tokens
+        return out
 
 
 @dataclass(frozen=True)
@@ -281,12 +307,27 @@ def slack(sla: Sla, ttft_s: float, tpot_s: float, max_tokens: int) -> float:
     return margin
 
 
+def cached_tokens(state: ReplicaState, newcomer: Newcomer) -> int:
+    """The newcomer's leading prompt tokens `state` holds in its prefix cache (a prediction: pages may
+    be evicted before it arrives). Pages are named per page size: another size matches nothing."""
+    pages = newcomer.prefix
+    if pages is None or not state.cached_prefix or pages.page_size != state.page_size:
+        return 0
+    # dspark.prefix_cache.held_prefix_pages, inlined: importing dspark would load torch into the policy.
+    hits = 0
+    for h in pages.hashes:  # a prefix: the first page missing ends the match
+        if h not in state.cached_prefix:
+            break
+        hits += 1
+    return hits * pages.page_size
+
+
 def predict(state: ReplicaState, newcomer: Newcomer) -> Prediction:
     speed = state.speed
     assert speed is not None
-    cached = state.cached_prefix(newcomer) if state.cached_prefix else 0
+    cached = cached_tokens(state, newcomer)
     # The last prompt token always runs: it makes the first output token.
-    prompt = max(1, newcomer.prompt_tokens - max(0, cached))
+    prompt = max(1, newcomer.prompt_tokens - cached)
     batch = state.load + 1
     first = ttft(state, prompt)
     own = tpot(speed, batch, newcomer.sla.name)
@@ -295,7 +336,7 @@ def predict(state: ReplicaState, newcomer: Newcomer) -> Prediction:
     for sla in state.running_slas:
         if sla.priority <= newcomer.sla.priority:  # harm to less important classes does not count
             score = min(score, (sla.tpot_s - others) / sla.tpot_s)
-    return Prediction(first, own, others, score)
+    return Prediction(first, own, others, score, cached)
 
 
 # ---- filters, pick, retry hint -------------------------------------------------------------------
@@ -344,32 +385,41 @@ def decide(
         )
     if not any(c.feasible for c in candidates) and sla.may_shed:
         return _shed(replicas, newcomer, config, f"no replica can meet SLA class {sla.name!r}", excluded)
-    order = sorted(candidates, key=_rank_key)
-    chosen = _break_tie(order, config.tie_margin, rng)
+    order = sorted(candidates, key=lambda c: _rank_key(c, config.ample_slack))
+    chosen = _break_tie(order, config, rng)
     ranking = (chosen.state.replica_id, *(c.state.replica_id for c in order if c is not chosen))
     reason = "meets the SLA" if chosen.feasible else "best slack; no replica meets the SLA"
     return Decision("route", ranking, reason, candidates=tuple(order), excluded=excluded)
 
 
-def _rank_key(c: Candidate) -> tuple:
-    score = c.prediction.slack if c.prediction else 0.0
-    return (not c.feasible, c.tier, -score, c.state.load)
+def _score(c: Candidate, ample: float) -> float:
+    return min(c.prediction.slack, ample) if c.prediction else 0.0
 
 
-def _break_tie(order: list[Candidate], margin: float, rng: random.Random) -> Candidate:
-    """Among the candidates tied with the best (same class of rank, slack within `margin`), the least
-    loaded; a seeded draw between equally loaded ones."""
+def _rank_key(c: Candidate, ample: float) -> tuple:
+    return (not c.feasible, c.tier, -_score(c, ample), c.state.load)
+
+
+def _break_tie(order: list[Candidate], config: PolicyConfig, rng: random.Random) -> Candidate:
+    """Among the candidates tied with the best (same class of rank, slack within the tie margin, or
+    both ample), the least loaded; between equally loaded ones, the soonest first token; then a draw."""
     best = order[0]
-    best_score = best.prediction.slack if best.prediction else 0.0
+    floor = _score(best, config.ample_slack) - config.tie_margin
     tied = [
         c
         for c in order
-        if c.feasible == best.feasible
-        and c.tier == best.tier
-        and (c.prediction.slack if c.prediction else 0.0) >= best_score - margin
+        if c.feasible == best.feasible and c.tier == best.tier and _score(c, config.ample_slack) >= floor
     ]
     least = min(c.state.load for c in tied)
-    return rng.choice([c for c in tied if c.state.load == least])
+    tied = [c for c in tied if c.state.load == least]
+    # Equally loaded: the one predicted to start the newcomer soonest, which is where prefix affinity
+    # acts: a replica holding the prompt's prefix skips that prefill. A draw between equals.
+    soonest = min(_ttft(c) for c in tied)
+    return rng.choice([c for c in tied if _ttft(c) <= soonest])
+
+
+def _ttft(c: Candidate) -> float:
+    return c.prediction.ttft_s if c.prediction else 0.0
 
 
 def never_fits(replicas: Sequence[ReplicaState], newcomer: Newcomer) -> bool:

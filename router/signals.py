@@ -306,6 +306,10 @@ def replica_state(
         # A backend that reports its KV cache in tokens and a free fraction (SGLang): the same in pages.
         total_pages = int(stats["kv_total_tokens"]) // page_size
         free_pages = int(float(stats.get("kv_headroom", 0.0)) * total_pages)
+    prefix = stats.get("prefix_cache") or {}
+    cached = (
+        frozenset(prefix.get("hashes", ())) if int(prefix.get("page_size", 0)) == page_size else frozenset()
+    )
     return ReplicaState(
         replica_id=replica_id,
         speed=speed,
@@ -320,4 +324,5 @@ def replica_state(
         remaining_tokens=tuple(sorted(int(n) for n in stats.get("remaining_tokens", ()))),
         age_s=age_s if math.isfinite(age_s) else math.inf,
         healthy=bool(stats.get("healthy", True)),
+        cached_prefix=cached,
     )

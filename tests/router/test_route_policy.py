@@ -11,10 +11,12 @@ import pytest
 from router.policy import (
     Newcomer,
     PolicyConfig,
+    PromptPages,
     ReplicaState,
     Sla,
     Speed,
     SpsTable,
+    cached_tokens,
     decide,
     predict,
     tau,
@@ -101,7 +103,7 @@ def test_a_full_replica_makes_a_patient_class_wait_and_a_shedding_one_refused():
 def test_a_fast_replica_takes_more_load_until_its_tpot_meets_the_slow_ones():
     fast, slow = replica("fast", FAST), replica("slow", PLAIN)
     tight = Sla("interactive", ttft_s=60.0, tpot_s=0.05)  # slack decided by TPOT alone
-    config = PolicyConfig(tie_margin=0.0)
+    config = PolicyConfig(tie_margin=0.0, ample_slack=1.0)  # every bit of slack counts
     rng = random.Random(0)
     sent = {"fast": 0, "slow": 0}
     for _ in range(100):
@@ -120,6 +122,22 @@ def test_a_fast_replica_takes_more_load_until_its_tpot_meets_the_slow_ones():
     # Balanced: neither replica's last request would have been better off on the other one.
     assert tpot(FAST, fast.running) <= tpot(PLAIN, slow.running + 1)
     assert tpot(PLAIN, slow.running) <= tpot(FAST, fast.running + 1)
+
+
+def test_comfortably_fast_replicas_share_by_load_until_speed_decides_the_targets():
+    fast, slow = replica("fast", FAST), replica("slow", PLAIN)
+    tight = Sla("interactive", ttft_s=60.0, tpot_s=0.05)
+    rng, picks = random.Random(0), []
+    for _ in range(300):
+        chosen = decide([fast, slow], request(tight), CONFIG, rng).ranking[0]
+        picks.append(chosen)
+        fast, slow = (replace(s, running=s.running + (s.replica_id == chosen)) for s in (fast, slow))
+    # Both meet the target with half of it to spare: turn and turn about, as a least-loaded router.
+    assert all(picks[2 * k : 2 * k + 2].count("fast") == 1 for k in range(40))
+    assert tpot(PLAIN, 40) < 0.5 * tight.tpot_s
+    # Past that, the slow replica's slack runs short first, and the fast one takes the rest.
+    assert picks.count("fast") > picks.count("slow") + 40
+    assert tpot(PLAIN, slow.running + 1) > 0.5 * tight.tpot_s
 
 
 def test_shedding_only_when_no_replica_can_meet_the_class():
@@ -215,13 +233,58 @@ def test_ties_spread_load_and_are_seeded():
     assert assign(0) == picks and assign(1) != picks
 
 
+# A prompt's leading pages by name (the ingress hashes them: dspark.prefix_cache.route_hashes).
+PAGES = PromptPages(16, tuple(f"p{k}" for k in range(64)))  # 64 pages of 16: 1,024 tokens
+
+
+def prefixed(sla: Sla = LOOSE, prompt: int = 3000, max_tokens: int = 50) -> Newcomer:
+    return Newcomer(prompt, max_tokens, sla, prefix=PAGES)
+
+
 def test_a_cached_prefix_is_prefill_saved():
-    long_prompt = request(prompt=3000)
+    holds_60 = frozenset(PAGES.hashes[:60])
+    warm = replica("warm", PLAIN, running=4, cached_prefix=holds_60)
+    assert cached_tokens(warm, prefixed()) == 960
+    assert predict(warm, prefixed()).ttft_s == ttft(warm, 3000 - 960)
+    assert predict(warm, prefixed()).cached_tokens == 960
+    # Only a leading run counts (a page's K/V depend on every page before it), at the same page size.
+    assert cached_tokens(replace(warm, cached_prefix=frozenset(PAGES.hashes[1:])), prefixed()) == 0
+    assert cached_tokens(replace(warm, page_size=32), prefixed()) == 0
+    assert cached_tokens(warm, request(prompt=3000)) == 0  # a prompt not hashed: nothing predicted
     cold = replica("cold", PLAIN, running=2)
-    warm = replica("warm", PLAIN, running=4, cached_prefix=lambda newcomer: 2900)
-    assert predict(warm, long_prompt).ttft_s < predict(cold, long_prompt).ttft_s
     sla = Sla("interactive", ttft_s=0.2, tpot_s=1.0)  # the cold prefill (~0.5 s) misses it
-    assert decide([cold, warm], request(sla, prompt=3000), CONFIG, random.Random(0)).ranking[0] == "warm"
+    assert decide([cold, warm], prefixed(sla), CONFIG, random.Random(0)).ranking[0] == "warm"
+
+
+def test_a_replica_holding_the_prefix_wins_when_otherwise_equal():
+    # Slack within the tie margin and equal load: the sooner first token decides, every time.
+    holder = replica("holder", PLAIN, cached_prefix=frozenset(PAGES.hashes[:8]))
+    for seed in range(20):
+        for states in ([replica("other", PLAIN), holder], [holder, replica("other", PLAIN)]):
+            decision = decide(states, prefixed(prompt=200), CONFIG, random.Random(seed))
+            assert decision.ranking[0] == "holder"
+    record = decide([holder, replica("other", PLAIN)], prefixed(prompt=200), CONFIG, random.Random(0))
+    assert record.to_dict()["scores"]["holder"]["cached_tokens"] == 128
+    assert "cached_tokens" not in record.to_dict()["scores"]["other"]
+    # Without a prefix to match, equal replicas are a seeded draw again.
+    firsts = {
+        decide([holder, replica("other", PLAIN)], request(), CONFIG, random.Random(s)).ranking[0]
+        for s in range(20)
+    }
+    assert firsts == {"holder", "other"}
+
+
+def test_load_still_beats_affinity():
+    holds = frozenset(PAGES.hashes)
+    # Within the tie margin, the less loaded replica wins whatever it caches.
+    busier = replica("holder", PLAIN, running=3, cached_prefix=holds)
+    assert decide([busier, replica("idle", PLAIN)], prefixed(), CONFIG, random.Random(0)).ranking[0] == "idle"
+    # Overloaded: even skipping 1,024 tokens of prefill, its queue and batch miss a tight class there.
+    tight = Sla("interactive", ttft_s=1.0, tpot_s=0.05, may_shed=True)
+    loaded = replica("holder", PLAIN, running=40, queued=4, queued_prefill_tokens=4000, cached_prefix=holds)
+    decision = decide([loaded, replica("idle", PLAIN)], prefixed(tight), CONFIG, random.Random(0))
+    assert decision.ranking == ("idle", "holder")
+    assert decision.candidates[1].prediction.cached_tokens == 1024  # all 64 pages, and still too slow
 
 
 def test_decision_record_names_scores_and_exclusions():

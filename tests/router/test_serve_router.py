@@ -115,6 +115,84 @@ def test_no_room_anywhere_is_refused_with_a_retry_hint_from_the_predictions(rout
     wait_until(lambda: admitted(routed), what="a request admitted once the holders are gone")
 
 
+# Two system prompts of 4 full pages (16 tokens each), as token ids (the tiny model's vocabulary).
+SYSTEMS = ([10 + k % 50 for k in range(64)], [70 + k % 50 for k in range(64)])
+
+
+def served(serve_stack, system: list[int], i: int) -> None:
+    """A question after the system prompt through the ingress: HTTP for even i, gRPC for odd."""
+    ids = [*system, 200 + i, 201, 202]
+    if i % 2:
+        with grpc.insecure_channel(serve_stack.grpc_target) as channel:
+            request = pb.GenerateRequest(
+                prompt_token_ids=ids, sampling=pb.SamplingOptions(max_tokens=4, ignore_eos=True)
+            )
+            events = list(GenerationStub(channel).Generate(request, metadata=(("application", ROUTED),)))
+        assert events[-1].final.finish_reason == "length"
+    else:
+        body = {"prompt": ids, "max_tokens": 4, "ignore_eos": True}
+        status, _, payload = post(serve_stack, body, {}, path="/routed/v1/completions")
+        assert status == 200, payload
+
+
+def test_repeats_of_a_shared_system_prompt_go_to_the_replica_that_cached_it(routed, serve_stack):
+    """Through the ingress, which names each prompt's pages; one ingress, so one router.
+
+    Each round steers its system prompt's first request away from one replica (a long request holds
+    it), then sends repeats to two idle replicas: they follow the cached prefix. The two rounds cache
+    their prompts on different replicas, so whatever else the router prefers between idle replicas
+    cannot pass both."""
+
+    def idle() -> None:
+        wait_until(lambda: not any(s["running_requests"] for s in stats().values()), what="idle replicas")
+
+    def running() -> str:
+        wait_until(lambda: sum(s["running_requests"] for s in stats().values()) == 1, what="the long request")
+        (rid,) = [rid for rid, s in stats().items() if s["running_requests"]]
+        return rid
+
+    idle()
+    start = stats()
+    holders: list[str] = []
+    with grpc.insecure_channel(serve_stack.grpc_target) as channel:
+        for r, system in enumerate(SYSTEMS):
+            # Round 0: holds whichever replica the router picks (29 of its 32 pages). Round 1: starts
+            # with round 0's system prompt, so it goes to round 0's holder, which it then holds.
+            ids, max_tokens = ([5] * 20, 440) if r == 0 else ([*SYSTEMS[0], 5, 5, 5, 5], 300)
+            request = pb.GenerateRequest(
+                prompt_token_ids=ids, sampling=pb.SamplingOptions(max_tokens=max_tokens, ignore_eos=True)
+            )
+            long = GenerationStub(channel).Generate(request, metadata=(("application", ROUTED),))
+            next(long)
+            busy = running()
+            if r == 1:
+                assert busy == holders[0]
+            before = stats()
+            served(serve_stack, system, 0)
+            (holder,) = [
+                rid for rid in before if stats()[rid]["finished_requests"] > before[rid]["finished_requests"]
+            ]
+            assert holder != busy
+            holders.append(holder)
+            assert list(long)[-1].final.finish_reason == "length"  # runs to its end
+            idle()
+            done, total = stats()[holder]["finished_requests"], sum_finished(stats())
+            cached = stats()[holder]["prefix_cache"]["cached_prompt_tokens"]
+            for i in range(1, 5):
+                served(serve_stack, system, i)
+                wait_until(lambda n=total + i: sum_finished(stats()) == n, what=f"repeat {i} counted")
+                finished = {rid: s["finished_requests"] for rid, s in stats().items()}
+                assert finished[holder] == done + i, (r, i, holder, finished)
+            # Each repeat skipped the system prompt's 4 pages there.
+            assert stats()[holder]["prefix_cache"]["cached_prompt_tokens"] - cached == 4 * 64
+    assert holders[0] != holders[1]
+    assert sum_finished(stats()) == sum_finished(start) + 2 * 6
+
+
+def sum_finished(snapshot: dict[str, dict]) -> int:
+    return sum(s["finished_requests"] for s in snapshot.values())
+
+
 def admitted(handle) -> bool:
     route, stream = send(handle, 10, 50)
     try:
@@ -125,11 +203,13 @@ def admitted(handle) -> bool:
         decisions.pop(route.key)
 
 
-def post(serve_stack, body: dict, headers: dict) -> tuple[int, dict, dict]:
-    """POST /v1/completions: status, response headers (lower-case names), JSON body."""
+def post(serve_stack, body: dict, headers: dict, path: str = "/v1/completions") -> tuple[int, dict, dict]:
+    """POST a completion: status, response headers (lower-case names), JSON body."""
     conn = http.client.HTTPConnection(urlparse(serve_stack.http_url).netloc, timeout=60)
     try:
-        conn.request("POST", "/v1/completions", body=json.dumps(body), headers=headers)
+        conn.request(
+            "POST", path, body=json.dumps(body), headers={"content-type": "application/json", **headers}
+        )
         response = conn.getresponse()
         payload = json.loads(response.read())
         return response.status, {k.lower(): v for k, v in response.getheaders()}, payload

@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 
 from router import decisions
-from router.balancer import Balancer
-from router.policy import Newcomer, PolicyConfig, Sla, tau
+from router.balancer import PREFIX_MEMORY_S, Balancer
+from router.policy import Newcomer, PolicyConfig, PromptPages, Sla, tau
 from router.signals import Ledger, fit_acceptance, replica_state, speed_of
 
 STANDARD = Sla("standard", ttft_s=5.0, tpot_s=0.25, priority=1)
@@ -170,3 +170,59 @@ def test_decisions_reach_the_trace_with_where_serve_placed_them():
     record = decisions.pop("trace-key")
     assert record["ranking"] == list(decision.ranking) and record["ranking"][0] == "a"
     assert record["placed_on"] == "b" and decisions.pop("trace-key") is None
+
+
+PAGES = PromptPages(16, ("h0", "h1", "h2", "h3"))  # a shared system prompt's first 4 pages
+
+
+def idle_stats(ts: float, hashes: tuple[str, ...] = ()) -> dict:
+    summary = {"enabled": True, "page_size": 16, "cached_pages": len(hashes), "hashes": list(hashes)}
+    return stats(ts, running_requests=0, queued_requests=0, queued_prefill_tokens=0, remaining_tokens=[]) | {
+        "prefix_cache": summary
+    }
+
+
+def test_a_pushed_prefix_summary_draws_the_prompts_that_start_with_it():
+    lb = balancer()
+    replicas = {"a": idle_stats(5.0), "b": idle_stats(5.0, PAGES.hashes[:3])}
+    (a, b) = lb.states(replicas, now=5.1)
+    assert not a.cached_prefix and set(b.cached_prefix) == {"h0", "h1", "h2"}
+    for i in range(5):
+        request = Newcomer(80, 10, STANDARD, prefix=PAGES)
+        decision = lb.decide(request, f"k{i}", replicas, now=5.1)
+        cached = {c.state.replica_id: c.prediction.cached_tokens for c in decision.candidates}
+        # b's summary holds 3 pages; once it was sent the whole prompt, the router expects all 4 there.
+        assert decision.ranking[0] == "b" and cached == {"a": 0, "b": 48 if i == 0 else 64}
+        lb.completed("b", f"k{i}", now=5.1)
+    # Another page size names other pages: nothing matches.
+    other = Newcomer(80, 10, STANDARD, prefix=PromptPages(32, PAGES.hashes))
+    assert {lb.decide(other, f"o{i}", replicas, now=5.1).ranking[0] for i in range(8)} == {"a", "b"}
+
+
+def test_the_router_remembers_the_prefixes_it_sent_until_the_summary_can_show_them():
+    lb = balancer()
+    replicas = {"a": idle_stats(5.0), "b": idle_stats(5.0)}
+    first = lb.decide(Newcomer(80, 10, STANDARD, prefix=PAGES), "k0", replicas, now=5.1).ranking[0]
+    lb.routed(first, "k0", Newcomer(80, 10, STANDARD, prefix=PAGES), now=5.1)
+    lb.completed(first, "k0", now=5.3)  # done before any snapshot showed its pages
+    for i in range(1, 6):
+        now = 5.3 + 0.1 * i
+        request = Newcomer(80, 10, STANDARD, prefix=PAGES)
+        assert lb.decide(request, f"k{i}", replicas, now=now).ranking[0] == first
+        lb.completed(first, f"k{i}", now=now)
+    # Past PREFIX_MEMORY_S only the pushed summaries speak: here neither holds it (evicted).
+    later = 5.8 + PREFIX_MEMORY_S + 0.1
+    states = lb.states({name: idle_stats(later) for name in "ab"}, now=later)
+    assert [bool(s.cached_prefix) for s in states] == [False, False]
+
+
+def test_a_replica_without_prefix_caching_is_not_remembered_as_holding_anything():
+    lb = balancer()
+    off = stats(5.0, running_requests=0, queued_requests=0, remaining_tokens=[]) | {
+        "prefix_cache": {"enabled": False}
+    }
+    replicas = {"a": off, "b": off}
+    first = lb.decide(Newcomer(80, 10, STANDARD, prefix=PAGES), "k0", replicas, now=5.1).ranking[0]
+    lb.completed(first, "k0", now=5.2)
+    (state,) = lb.states({first: off}, now=5.3)
+    assert not state.cached_prefix

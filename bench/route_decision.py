@@ -5,7 +5,10 @@ Balancer.decide over every replica's routing stats, i.e. stats -> states (ledger
 predictions -> pick -> the decision registry. Replicas alternate between a speculative one (an
 adaptive verify length over a 12-point SPS table, draft window 7) and a plain one; their loads, KV room,
 tokens left and classes are drawn from a seed. Each decision's request enters the ledger and the one
-decided `in_flight` decisions earlier completes, so the ledger stays at a realistic size.
+decided `in_flight` decisions earlier completes, so the ledger stays at a realistic size. Prefix
+caching is on: each replica publishes 256 cached page hashes, some of them the pages of a few shared
+system prompts, and each request names up to 64 pages of its prompt (a system prompt, then its own), so
+the policy matches every prompt against every replica's cache and the router remembers what it sent.
 
 Decisions come 1 ms apart (1000 requests/s into one router). Three cases:
   cached:   the replicas' stats never change; the policy's per-Speed memo answers most lookups.
@@ -38,12 +41,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from router.balancer import Balancer  # noqa: E402
-from router.policy import Newcomer, PolicyConfig  # noqa: E402
+from router.policy import Newcomer, PolicyConfig, PromptPages  # noqa: E402
 from router.sla import DEFAULT_CLASS, DEFAULT_CLASSES, classes_of  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 REPLICAS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)  # SPS table points, as engines profile
+
+
+SYSTEM_PROMPTS = [tuple(f"s{k}-{j}" for j in range(8 * (k + 1))) for k in range(8)]  # 8 to 64 pages
 
 
 def synthetic_stats(index: int, rng: random.Random, ts: float) -> dict:
@@ -76,7 +82,19 @@ def synthetic_stats(index: int, rng: random.Random, ts: float) -> dict:
         "draft_budget": {"max_step_tokens": None, "max_request_tokens": 7, "max_request_tokens_by_class": {}},
         "sps_table": [[b, round(base_sps / (1 + b / 256), 3)] for b in POINTS],
         "healthy": True,
+        "prefix_cache": {
+            "enabled": True,
+            "page_size": 16,
+            "cached_pages": 256,
+            "hashes": [*rng.choice(SYSTEM_PROMPTS), *(f"x{index}-{j}" for j in range(192))][:256],
+        },
     }
+
+
+def prompt_pages(rng: random.Random, prompt_tokens: int, n: int) -> PromptPages:
+    """A prompt's page names: a shared system prompt's, then its own, up to the prompt's full pages."""
+    pages = [*rng.choice(SYSTEM_PROMPTS), *(f"q{n}-{j}" for j in range(64))]
+    return PromptPages(16, tuple(pages[: min(64, (prompt_tokens - 1) // 16)]))
 
 
 CASES = {"cached": None, "periodic": 250, "fresh": 1}  # a replica's stats change every N decisions
@@ -91,10 +109,11 @@ def measure(
     balancer = Balancer(PolicyConfig(stale_after_s=1.0), slas, DEFAULT_CLASS, seed=seed)
     now = 1_000.0
     stats = {f"r{i}": synthetic_stats(i, rng, now) for i in range(num_replicas)}
-    requests = [
-        Newcomer(rng.randint(16, 1024), rng.randint(16, 512), slas[rng.choice(("interactive", "batch"))])
-        for _ in range(256)
-    ]
+    requests = []
+    for n in range(256):
+        prompt = rng.randint(16, 1024)
+        sla = slas[rng.choice(("interactive", "batch"))]
+        requests.append(Newcomer(prompt, rng.randint(16, 512), sla, prefix=prompt_pages(rng, prompt, n)))
     times, cpu, keys = [], [], []
     for n in range(decisions):
         now += 0.001

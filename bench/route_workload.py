@@ -131,6 +131,24 @@ def goodput(points: Sequence[dict], min_attainment: float = 0.9) -> float:
     )
 
 
+def goodput_interpolated(points: Sequence[dict], min_attainment: float = 0.9) -> float:
+    """Goodput without the grid's step: the met rate where attainment first falls below the bar,
+    interpolated linearly between the last point at or above it and the next one (by offered rate). Two arms
+    whose attainment at one point falls either side of 0.9 by a hair no longer differ by a whole point
+    of load. 0 when the first point is already below the bar; the best met rate when none is."""
+    ordered = sorted((p for p in points if p["attainment"] is not None), key=lambda p: p["rate_rps"])
+    best = 0.0
+    for below, above in zip([None, *ordered], ordered):
+        if above["attainment"] >= min_attainment:
+            best = max(best, above["met_rps"])
+            continue
+        if below is None:
+            return 0.0
+        share = (below["attainment"] - min_attainment) / (below["attainment"] - above["attainment"])
+        return round(below["met_rps"] + share * (above["met_rps"] - below["met_rps"]), 4)
+    return best
+
+
 def mean_points(repeats: Sequence[Sequence[dict]]) -> list[dict]:
     """Per load point, the mean over repeats of every numeric field (None where any repeat has none)."""
     out = []

@@ -10,6 +10,7 @@ from bench.route_workload import (
     Outcome,
     SlaTarget,
     goodput,
+    goodput_interpolated,
     mean_points,
     met,
     percentile,
@@ -77,6 +78,31 @@ def test_goodput_is_the_best_met_rate_at_90_percent_attainment():
     ]
     assert goodput(points) == 3.6
     assert goodput([{"attainment": 0.5, "met_rps": 4.0}, {"attainment": None, "met_rps": 0.0}]) == 0.0
+
+
+def test_interpolated_goodput_is_the_met_rate_where_attainment_crosses_the_bar():
+    def point(rate: float, attainment: float, met: float) -> dict:
+        return {"rate_rps": rate, "attainment": attainment, "met_rps": met}
+
+    # bench/results/route.json (heterogeneous, before this change): pow2 crosses just past 7.26 req/s,
+    # the SLA router well before it; the step goodput made that 6.8 against 5.27 (0.775x).
+    pow2 = [
+        point(2.906, 1.0, 2.2667),
+        point(5.085, 1.0, 5.2667),
+        point(7.264, 0.9228, 6.8),
+        point(10.17, 0.6798, 6.8667),
+    ]
+    sla = [
+        point(2.906, 1.0, 2.2667),
+        point(5.085, 1.0, 5.2667),
+        point(7.264, 0.868, 6.4),
+        point(10.17, 0.693, 7.0),
+    ]
+    assert goodput_interpolated(pow2) == round(6.8 + 0.0228 / 0.243 * 0.0667, 4) == 6.8063
+    assert goodput_interpolated(sla) == round(5.2667 + 0.1 / 0.132 * 1.1333, 4) == 6.1253
+    assert goodput_interpolated(list(reversed(sla))) == 6.1253  # by rate, whatever the order
+    assert goodput_interpolated([point(1.0, 0.95, 0.9), point(2.0, 0.91, 1.8)]) == 1.8  # never below
+    assert goodput_interpolated([point(1.0, 0.5, 0.5), point(2.0, 0.95, 1.9)]) == 0.0  # below at once
 
 
 def test_repeats_are_averaged_per_load_point():

@@ -65,6 +65,7 @@ class TargetReplica:
         self.telemetry = setup_process("replica", prometheus=True)
         self._telemetry = EngineTelemetry(self.telemetry, engine, self.config.model_name, _replica_id())
         self._recent = replica_state.RecentRounds()
+        self._forwards = replica_state.RecentForwards()
         self._last_stats: dict = {}
         self.stats_timeout_s = CALL_TIMEOUT_S
         self._pending_snapshot: asyncio.Future | None = None  # at most one stats call queued at a time
@@ -157,7 +158,11 @@ class TargetReplica:
         except Exception as exc:  # stuck or dead: check_health reports it, the router keeps old numbers
             log.warning("routing stats unavailable (%r); publishing the last reading", exc)
             return {**self._last_stats, "healthy": False}
+        forwards = {name: snap[name] for name in replica_state.FORWARD_COUNTERS}
         snap |= self._recent.update(*(snap.pop(name) for name in replica_state.COUNTERS))
+        snap |= self._forwards.update(**forwards)
+        for name in ("steps", "forward_tokens"):  # raw counters: their rates above are what is read
+            del snap[name]
         snap["healthy"] = self.engine.is_healthy(self.config.stuck_after_s)
         snap["replica_id"] = _replica_id()
         self._last_stats = snap
@@ -167,7 +172,7 @@ class TargetReplica:
         """The engine's state, read on its thread within `stats_timeout_s`. While a read is still
         queued behind a slow step, later calls wait on that one instead of queueing more."""
         if self._pending_snapshot is None or self._pending_snapshot.done():
-            read = self.engine.submit(replica_state.snapshot, self._routing_table)
+            read = self.engine.submit(replica_state.routing_snapshot, self._routing_table)
             self._pending_snapshot = asyncio.wrap_future(read)
             self._pending_snapshot.add_done_callback(_retrieve)
         try:

@@ -27,6 +27,7 @@ from dspark.verify_policy import SCHEDULED_MODES
 
 MAX_REMAINING_REPORTED = 64  # the router's retry hint needs the soonest finishers, not all of them
 COUNTERS = ("rounds", "accepted_tokens", "drafted_tokens", "step_time_s", "forward_time_s")
+FORWARD_COUNTERS = ("steps", "forward_tokens", "forward_time_s")  # RecentForwards reads these
 
 
 @dataclass
@@ -68,6 +69,30 @@ class RecentRounds:
             "mean_verified": round(self.mean_verified, 4),
             "step_overhead": round(self.overhead, 4),
         }
+
+
+@dataclass
+class RecentForwards:
+    """Over the steps since the previous reading: the mean tokens per target forward and the forwards
+    per second of forward time. The router scales the replica's SPS table by how this measured rate
+    compares with the table's at that size (router/signals.py): a table profiled at start, coarsely or
+    on a machine then less busy, drifts from what the forwards cost now. Idle: the last values."""
+
+    steps: int = 0
+    forward_tokens: int = 0
+    forward_time_s: float = 0.0
+    tokens: float = 0.0
+    sps: float = 0.0
+
+    def update(self, steps: int, forward_tokens: int, forward_time_s: float) -> dict:
+        d_steps, d_tokens = steps - self.steps, forward_tokens - self.forward_tokens
+        d_time = forward_time_s - self.forward_time_s
+        if d_steps > 0 and d_time > 0:
+            self.tokens, self.sps = d_tokens / d_steps, d_steps / d_time
+        self.steps, self.forward_tokens, self.forward_time_s = steps, forward_tokens, forward_time_s
+        if not self.sps:
+            return {}
+        return {"recent_forward_tokens": round(self.tokens, 2), "recent_forward_sps": round(self.sps, 3)}
 
 
 @dataclass
@@ -151,6 +176,15 @@ def snapshot(engine: Engine, routing_table: cost_table.CostTable | None = None) 
         if table is None
         else [[b, round(r, 3)] for b, r in zip(table.points, table.smoothed)],
         "prefix_cache": prefix_cache(engine),
+    }
+
+
+def routing_snapshot(engine: Engine, routing_table: cost_table.CostTable | None = None) -> dict:
+    """`snapshot` plus the raw counters RecentForwards turns into the recent forward rate (the
+    replica publishes the rate, not these)."""
+    return {
+        **snapshot(engine, routing_table),
+        **{name: getattr(engine.stats, name) for name in FORWARD_COUNTERS},
     }
 
 

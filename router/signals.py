@@ -52,17 +52,41 @@ def fit_acceptance(recent_tau: float, mean_verified: float, prior: float) -> flo
     return (lo + hi) / 2
 
 
+MIN_SPS_SCALE, MAX_SPS_SCALE = 0.25, 4.0  # a measurement further off than this is not trusted
+
+
+def sps_scale(table: SpsTable, stats: Mapping) -> float:
+    """How fast the replica's forwards run now against its table: the measured forwards per second at
+    the recent mean forward size over the table's rate there (1 until the replica has measured any).
+
+    The table was profiled at start (coarsely, maybe while other replicas profiled beside it); what a
+    forward costs now also depends on everything else the machine runs. Left alone, every TPOT and TTFT
+    the router predicts inherits that drift: targets look met that are not, and shedding comes late."""
+    tokens, measured = (
+        float(stats.get("recent_forward_tokens", 0.0)),
+        float(stats.get("recent_forward_sps", 0.0)),
+    )
+    if tokens <= 0 or measured <= 0:
+        return 1.0
+    return min(MAX_SPS_SCALE, max(MIN_SPS_SCALE, measured / table(tokens)))
+
+
 def speed_of(stats: Mapping, prior_acceptance: float) -> Speed | None:
-    """A replica's Speed from its stats; None when they lack a cost table (no prediction possible)."""
+    """A replica's Speed from its stats; None when they lack a cost table (no prediction possible).
+    The table is scaled to the forward rate the replica measured recently (`sps_scale`)."""
     table = stats.get("sps_table")
     if not table:
         return None
+    sps = SpsTable(tuple(int(b) for b, _ in table), tuple(float(r) for _, r in table))
+    scale = sps_scale(sps, stats)
+    if scale != 1.0:
+        sps = SpsTable(sps.points, tuple(r * scale for r in sps.rates))
     budget = stats.get("draft_budget") or {}
     window = stats.get("draft_window", 0)
     cap = window if budget.get("max_request_tokens") is None else min(window, budget["max_request_tokens"])
     by_class = {name: min(window, n) for name, n in (budget.get("max_request_tokens_by_class") or {}).items()}
     return Speed(
-        sps=SpsTable(tuple(int(b) for b, _ in table), tuple(float(r) for _, r in table)),
+        sps=sps,
         max_batch_tokens=int(stats.get("max_num_batched_tokens", table[-1][0])),
         acceptance=fit_acceptance(
             float(stats.get("recent_tau", 0.0)), float(stats.get("mean_verified", 0.0)), prior_acceptance

@@ -15,7 +15,7 @@ from serving import ENGINE, wait_until
 from deployments.events import StreamEvent, coalesce
 from deployments.grpc_api import _final
 from deployments.replica import TargetReplica
-from deployments.replica_state import RecentRounds
+from deployments.replica_state import RecentForwards, RecentRounds
 from dspark.errors import EngineDeadError, InvalidRequestError
 from dspark.outputs import SpeculationStats
 from dspark.prefix_cache import cached_prefix_tokens
@@ -96,6 +96,16 @@ def test_recent_rounds_keep_their_values_when_idle():
         "mean_verified": 1.0,
         "step_overhead": 1.0,
     }
+
+
+def test_recent_forwards_measure_the_forward_rate_at_its_mean_size():
+    recent = RecentForwards()
+    assert recent.update(0, 0, 0.0) == {}  # nothing measured yet: nothing published
+    # 10 forwards of 480 tokens in all took 0.5 s: 48 tokens each, 20 forwards per second.
+    first = recent.update(10, 480, 0.5)
+    assert first == {"recent_forward_tokens": 48.0, "recent_forward_sps": 20.0}
+    assert recent.update(10, 480, 0.5) == first  # idle: unchanged
+    assert recent.update(14, 488, 0.6) == {"recent_forward_tokens": 2.0, "recent_forward_sps": 40.0}
 
 
 def test_set_draft_budget_while_serving(replica):

@@ -11,7 +11,7 @@ import pytest
 from router import decisions
 from router.balancer import PREFIX_MEMORY_S, Balancer
 from router.policy import Newcomer, PolicyConfig, PromptPages, Sla, tau
-from router.signals import Ledger, fit_acceptance, replica_state, speed_of
+from router.signals import MAX_SPS_SCALE, Ledger, fit_acceptance, replica_state, speed_of, sps_scale
 
 STANDARD = Sla("standard", ttft_s=5.0, tpot_s=0.25, priority=1)
 INTERACTIVE = Sla("interactive", ttft_s=1.0, tpot_s=0.05, priority=0, may_shed=True)
@@ -69,6 +69,18 @@ def test_speed_and_state_from_stats():
     assert state.remaining_tokens == (10, 30) and state.age_s == 0.5
     # Class names map to their targets; a request with none runs under the default class.
     assert set(state.running_slas) == {INTERACTIVE, STANDARD}
+
+
+def test_the_table_is_scaled_to_the_forward_rate_the_replica_measured():
+    # The table gives SPS(128) = 100 - 80 * 127 / 255; the replica measured half that at 128 tokens.
+    slow = stats(10.0, recent_forward_tokens=128.0, recent_forward_sps=(100 - 80 * 127 / 255) / 2)
+    assert sps_scale(speed_of(stats(10.0), 0.5).sps, slow) == pytest.approx(0.5)
+    speed = speed_of(slow, 0.5)
+    assert speed.sps(1) == pytest.approx(50.0) and speed.sps(256) == pytest.approx(10.0)
+    # Nothing measured yet: the table as profiled. A wild reading is clamped.
+    assert speed_of(stats(10.0), 0.5).sps(1) == 100.0
+    wild = stats(10.0, recent_forward_tokens=128.0, recent_forward_sps=6000.0)
+    assert speed_of(wild, 0.5).sps(1) == pytest.approx(100.0 * MAX_SPS_SCALE)
 
 
 def test_ledger_adds_what_the_snapshot_does_not_hold_and_removes_what_finished_but_it_still_holds():

@@ -71,18 +71,28 @@ async def stream_in_background(replica, request_id: str) -> asyncio.Task:
 def test_routing_stats_and_tau_window(replica):
     async def run():
         before = await replica.record_routing_stats()
+        start = forward_counters()
         params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
         events = [e async for e in replica.generate(prompt_ids(replica), params, "r1")]
         after = await replica.record_routing_stats()
-        return before, events, after
+        return before, start, events, after
 
-    before, events, after = asyncio.run(run())
+    def forward_counters() -> tuple[int, int, float]:
+        stats = replica.engine.engine.stats
+        return stats.steps, stats.forward_tokens, stats.forward_time_s
+
+    before, start, events, after = asyncio.run(run())
     assert before["running_requests"] == 0 and before["kv_headroom"] == 1.0
     assert sum(len(e.token_ids) for e in events) == 16 and events[-1].finish_reason == "length"
     assert (
         after["finished_requests"] == 1 and after["recent_tau"] == events[-1].speculation.mean_accept_length
     )
     assert after["draft_budget"]["max_step_tokens"] is None and after["healthy"]
+    # The forwards of that request, measured: the router scales the SPS table by them.
+    steps, tokens, seconds = (now - then for now, then in zip(forward_counters(), start))
+    assert after["recent_forward_tokens"] == round(tokens / steps, 2)
+    assert after["recent_forward_sps"] == round(steps / seconds, 3)
+    assert "steps" not in after and "forward_tokens" not in after
 
 
 def test_recent_rounds_keep_their_values_when_idle():

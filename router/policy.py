@@ -33,13 +33,15 @@ The choice (llm-d's endpoint picker's shape: filters -> scorers -> pick).
   The score is the SLA slack: the least of the newcomer's TTFT and TPOT slack and, for each class of
   equal or higher priority running there, the slack its TPOT keeps, each relative to its target. A
   replica is feasible when the slack is >= 0. Maximising the least slack sends a request to a fast
-  replica until that replica's predicted TPOT meets a slow one's, then alternates.
+  replica until that replica's predicted TPOT meets a slow one's, then alternates (once targets get
+  tight: see `ample_slack` below).
   The pick takes the best slack among feasible replicas with fresh signals, then stale ones (they rank
   after: their numbers may hide load), then replicas with no signals yet. Slack counts up to
   `ample_slack` (half the targets to spare): beyond it a replica is comfortably fast, and being
   predicted faster still earns nothing, since predictions carry noise and a replica that looks a little
-  faster would otherwise take every request. Slacks within `tie_margin` of the best are a tie: the least-loaded of them wins, so equal replicas share load instead of one taking
-  every request; between equally loaded ones, the soonest predicted first token, then a seeded draw.
+  faster would otherwise take every request. Slacks within `tie_margin` of the best are a tie: the
+  least loaded of them wins, so equal replicas share load instead of one taking every request;
+  between equally loaded ones, the soonest predicted first token, then a seeded draw.
   Prefix affinity falls out of the prediction, not a rule of its own: a replica that caches the
   prompt's leading pages skips their prefill, so its TTFT is lower (its slack higher when TTFT binds,
   the tie-break otherwise), while a loaded replica still loses to an idle one.

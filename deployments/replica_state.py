@@ -76,8 +76,11 @@ class RecentForwards:
     """Over the steps since the previous reading: the mean tokens per target forward and the forwards
     per second of forward time. The router scales the replica's SPS table by how this measured rate
     compares with the table's at that size (router/signals.py): a table profiled at start, coarsely or
-    on a machine then less busy, drifts from what the forwards cost now. Idle: the last values."""
+    on a machine then less busy, drifts from what the forwards cost now. A reading covers at least
+    `min_steps` forwards (fewer are one odd step's noise: the window then stays open); idle: the last
+    values."""
 
+    min_steps: int = 8
     steps: int = 0
     forward_tokens: int = 0
     forward_time_s: float = 0.0
@@ -87,9 +90,9 @@ class RecentForwards:
     def update(self, steps: int, forward_tokens: int, forward_time_s: float) -> dict:
         d_steps, d_tokens = steps - self.steps, forward_tokens - self.forward_tokens
         d_time = forward_time_s - self.forward_time_s
-        if d_steps > 0 and d_time > 0:
+        if d_steps >= self.min_steps and d_time > 0:
             self.tokens, self.sps = d_tokens / d_steps, d_steps / d_time
-        self.steps, self.forward_tokens, self.forward_time_s = steps, forward_tokens, forward_time_s
+            self.steps, self.forward_tokens, self.forward_time_s = steps, forward_tokens, forward_time_s
         if not self.sps:
             return {}
         return {"recent_forward_tokens": round(self.tokens, 2), "recent_forward_sps": round(self.sps, 3)}

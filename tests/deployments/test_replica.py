@@ -90,6 +90,7 @@ def test_routing_stats_and_tau_window(replica):
     assert after["draft_budget"]["max_step_tokens"] is None and after["healthy"]
     # The forwards of that request, measured: the router scales the SPS table by them.
     steps, tokens, seconds = (now - then for now, then in zip(forward_counters(), start))
+    assert steps >= RecentForwards.min_steps  # a prefill and the rounds of 16 tokens
     assert after["recent_forward_tokens"] == round(tokens / steps, 2)
     assert after["recent_forward_sps"] == round(steps / seconds, 3)
     assert "steps" not in after and "forward_tokens" not in after
@@ -109,12 +110,14 @@ def test_recent_rounds_keep_their_values_when_idle():
 
 
 def test_recent_forwards_measure_the_forward_rate_at_its_mean_size():
-    recent = RecentForwards()
+    recent = RecentForwards(min_steps=4)
     assert recent.update(0, 0, 0.0) == {}  # nothing measured yet: nothing published
+    assert recent.update(3, 300, 0.1) == {}  # too few forwards to tell: the window stays open
     # 10 forwards of 480 tokens in all took 0.5 s: 48 tokens each, 20 forwards per second.
     first = recent.update(10, 480, 0.5)
     assert first == {"recent_forward_tokens": 48.0, "recent_forward_sps": 20.0}
     assert recent.update(10, 480, 0.5) == first  # idle: unchanged
+    assert recent.update(12, 484, 0.55) == first  # 2 forwards: not yet
     assert recent.update(14, 488, 0.6) == {"recent_forward_tokens": 2.0, "recent_forward_sps": 40.0}
 
 

@@ -115,8 +115,9 @@ def test_no_room_anywhere_is_refused_with_a_retry_hint_from_the_predictions(rout
     wait_until(lambda: admitted(routed), what="a request admitted once the holders are gone")
 
 
-# Two system prompts of 4 full pages (16 tokens each), as token ids (the tiny model's vocabulary).
-SYSTEMS = ([10 + k % 50 for k in range(64)], [70 + k % 50 for k in range(64)])
+# Two system prompts of 12 full pages (16 tokens each), as token ids (the tiny model's vocabulary):
+# long enough that their prefill, not the noise in two replicas' predicted speed, decides the TTFT.
+SYSTEMS = ([10 + k % 50 for k in range(192)], [70 + k % 50 for k in range(192)])
 
 
 def served(serve_stack, system: list[int], i: int) -> None:
@@ -158,7 +159,7 @@ def test_repeats_of_a_shared_system_prompt_go_to_the_replica_that_cached_it(rout
         for r, system in enumerate(SYSTEMS):
             # Round 0: holds whichever replica the router picks (29 of its 32 pages). Round 1: starts
             # with round 0's system prompt, so it goes to round 0's holder, which it then holds.
-            ids, max_tokens = ([5] * 20, 440) if r == 0 else ([*SYSTEMS[0], 5, 5, 5, 5], 300)
+            ids, max_tokens = ([5] * 20, 440) if r == 0 else ([*SYSTEMS[0], 5, 5, 5, 5], 200)
             request = pb.GenerateRequest(
                 prompt_token_ids=ids, sampling=pb.SamplingOptions(max_tokens=max_tokens, ignore_eos=True)
             )
@@ -183,8 +184,8 @@ def test_repeats_of_a_shared_system_prompt_go_to_the_replica_that_cached_it(rout
                 wait_until(lambda n=total + i: sum_finished(stats()) == n, what=f"repeat {i} counted")
                 finished = {rid: s["finished_requests"] for rid, s in stats().items()}
                 assert finished[holder] == done + i, (r, i, holder, finished)
-            # Each repeat skipped the system prompt's 4 pages there.
-            assert stats()[holder]["prefix_cache"]["cached_prompt_tokens"] - cached == 4 * 64
+            # Each repeat skipped the system prompt's 12 pages there.
+            assert stats()[holder]["prefix_cache"]["cached_prompt_tokens"] - cached == 4 * 192
     assert holders[0] != holders[1]
     assert sum_finished(stats()) == sum_finished(start) + 2 * 6
 

@@ -296,6 +296,9 @@ def run_setting(args, setting: str, target: str, pool: list[int], targets: list[
     for arm in sorted(args.arms, key=lambda a: a != "pow2"):
         if arm != "pow2":
             deploy(app_args(args, setting, arm, targets))
+            # Fresh replicas: warm them as the calibration warmed pow2's (first calls at full batch),
+            # or the first arm alone would run on replicas that had a closed loop at capacity.
+            asyncio.run(closed_loop(target, pool, calibration, concurrency, 1.0))
         warm = schedule(rates[0], args.warmup_s, targets, prompt, output, args.seed + 999)
         asyncio.run(open_loop(target, pool, warm, timeout_s=60.0))
         before = replica_stats()

@@ -2,7 +2,8 @@
 
 Three arms serve the same seeded schedule through real Ray Serve (gRPC, `dspark_client`): a fixed
 block of 7 (every round verifies 7 drafts), the engine alone (Algorithm 1 and its draft gate), and the
-engine under the cluster controller. Per phase and arm: throughput, tok/s per user, SLA attainment
+engine under the cluster controller; the engine alone runs a second time, last, for the noise band.
+Per phase and arm: throughput, tok/s per user, SLA attainment
 per class (TTFT and TPOT both within the class's targets); for the controller, the budget it set over
 time and how many periods it took to settle after each step of the ramp.
 
@@ -36,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere
 RESULTS = REPO / "bench" / "results"
 ADMIN_TOKEN = "bench"
+NOISE_ARM = "engine_only_repeat"
 # SLA classes: interactive users want tokens fast; batch jobs only want them eventually.
 CLASSES = {
     "interactive": {"ttft_s": 2.0, "tpot_s": 0.25, "share": 0.3},
@@ -199,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
             {"scheduler": "dspark", "num_speculative_tokens": 7},
             {"period_s": args.period, "admin_tokens": [ADMIN_TOKEN], "policy": {"sla_classes": sla}},
         ),
+        # The engine-only arm again, last: the distance between identical runs is the noise band.
+        NOISE_ARM: ({"scheduler": "dspark", "num_speculative_tokens": 7}, None),
     }
     http_port, grpc_port = _free_port(), _free_port()
     ray.init(
@@ -224,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
                 "num_replicas": args.replicas,
                 "num_ingress_replicas": 1,
                 "torch_num_threads": 1,
+                # Two replicas and their ingress share this machine's cores (Ray counts 1 CPU per
+                # replica by default: the ingress would never be scheduled on two cores).
+                "replica_num_cpus": 0.5,
+                "ingress_num_cpus": 0.25,
                 "controller": controller,
             }
             serve.run(build_app(app_args), name=name, route_prefix=f"/{name}")
@@ -286,7 +294,7 @@ def summarize(results: dict, phases, args, argv) -> dict:
             }
             for i in range(len(phases))
         ]
-    static = [a for a in arms if a != "engine_controller"]
+    static = [a for a in arms if a not in ("engine_controller", NOISE_ARM)]
     ratios, deltas = [], []
     for i in range(len(phases)):
         best = max(static, key=lambda a: arms[a][i]["throughput_tok_s"])
@@ -320,7 +328,36 @@ def summarize(results: dict, phases, args, argv) -> dict:
             "min_phase_throughput_ratio_vs_best_static": min(ratios),
             "min_phase_attainment_delta_vs_best_static": min(deltas) if deltas else None,
             "settle_periods_max": max((s for s in settles if s is not None), default=None),
+            "controller_cap_changes": cap_changes(results["traces"].get("engine_controller", [])),
+            **noise_band(arms),
         },
+    }
+
+
+def cap_changes(traces: list[dict]) -> int:
+    """How many times, over every repeat, the caps the controller held changed from one poll to the next:
+    0 means it kept the engine's defaults, so its arm differs from the engine alone only by noise and by
+    the controller's own cost."""
+    changes = 0
+    for run in traces:
+        caps = [json.dumps(p["caps"], sort_keys=True) for p in run["trace"]]
+        changes += sum(a != b for a, b in zip(caps, caps[1:]))
+    return changes
+
+
+def noise_band(arms: dict) -> dict:
+    """The largest distance, over phases, between the two identical engine-only arms."""
+    if NOISE_ARM not in arms or "engine_only" not in arms:
+        return {}
+    throughput, attainment = [], []
+    for a, b in zip(arms["engine_only"], arms[NOISE_ARM]):
+        throughput.append(abs(b["throughput_tok_s"] / max(1e-9, a["throughput_tok_s"]) - 1))
+        for c in CLASSES:
+            if a["attainment"][c] is not None and b["attainment"][c] is not None:
+                attainment.append(abs(b["attainment"][c] - a["attainment"][c]))
+    return {
+        "noise_band_throughput": max(throughput),
+        "noise_band_attainment": max(attainment, default=None),
     }
 
 

@@ -1,9 +1,9 @@
 """The controller benchmark's bookkeeping (bench/control.py): the seeded open-loop schedule, SLA outcomes,
-per-phase summaries and settling times."""
+per-phase summaries, settling times, the controller's cap changes and the noise band."""
 
 from __future__ import annotations
 
-from bench.control import Outcome, phase_summary, schedule, settle_periods
+from bench.control import NOISE_ARM, Outcome, cap_changes, noise_band, phase_summary, schedule, settle_periods
 
 PHASES = [("light", 1.0, 10.0), ("heavy", 8.0, 10.0), ("light", 1.0, 10.0)]
 
@@ -41,3 +41,25 @@ def test_settle_periods_count_from_each_step_to_the_last_change():
         {"t": 21.5, "period": 21, "caps": caps(None)},
     ]
     assert settle_periods(trace, PHASES) == [2, 1]
+
+
+def test_cap_changes_count_moves_and_zero_means_the_defaults_were_kept():
+    caps = lambda step: {"r": {"max_step_tokens": step}}  # noqa: E731
+    held = {"trace": [{"t": t, "caps": caps(None)} for t in range(5)]}
+    moved = {
+        "trace": [{"t": 0, "caps": caps(None)}, {"t": 1, "caps": caps(12)}, {"t": 2, "caps": caps(None)}]
+    }
+    assert cap_changes([held, held]) == 0
+    assert cap_changes([held, moved]) == 2
+
+
+def test_noise_band_is_the_largest_distance_between_the_identical_arms():
+    row = lambda tput, inter: {"throughput_tok_s": tput, "attainment": {"interactive": inter, "batch": None}}  # noqa: E731
+    arms = {
+        "engine_only": [row(100.0, 1.0), row(400.0, 0.9)],
+        NOISE_ARM: [row(95.0, 1.0), row(420.0, 0.8)],
+    }
+    band = noise_band(arms)
+    assert abs(band["noise_band_throughput"] - 0.05) < 1e-12
+    assert abs(band["noise_band_attainment"] - 0.1) < 1e-12
+    assert noise_band({"engine_only": arms["engine_only"]}) == {}

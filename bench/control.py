@@ -340,7 +340,8 @@ def cap_changes(traces: list[dict]) -> int:
     the controller's own cost."""
     changes = 0
     for run in traces:
-        caps = [json.dumps(p["caps"], sort_keys=True) for p in run["trace"]]
+        # A poll before the controller's first period reads no caps at all: not a move.
+        caps = [json.dumps(p["caps"], sort_keys=True) for p in run["trace"] if p["caps"]]
         changes += sum(a != b for a, b in zip(caps, caps[1:]))
     return changes
 

@@ -51,6 +51,7 @@ def test_cap_changes_count_moves_and_zero_means_the_defaults_were_kept():
     }
     assert cap_changes([held, held]) == 0
     assert cap_changes([held, moved]) == 2
+    assert cap_changes([{"trace": [{"t": 0, "caps": {}}, *held["trace"]]}]) == 0  # before its first period
 
 
 def test_noise_band_is_the_largest_distance_between_the_identical_arms():

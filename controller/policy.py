@@ -11,9 +11,12 @@ the controller sees: the SLA classes (drafts of batch requests cut so interactiv
 TPOT), acceptance that collapsed (drafting off, with probes to notice recovery), telemetry that went
 stale (the engine's defaults), forwards slower than the table says.
 
-Stability: a dead band, one move per replica per period, a new target acted on only when two
-consecutive windows agree on it, moves rate-limited (controller/stability.py). The safe moves, to the
-defaults on stale telemetry and drafting off on a collapse, are taken at once.
+Stability (controller/stability.py): a dead band; one move per replica per period; a move goes only
+as far as the last `confirm_windows` windows all ask for (two: one noisy window moves nothing, a step
+is confirmed by the next window, a ramp is followed one window behind); a cap moves by at most half
+its range per period. A clear load step therefore settles within three periods: one to confirm, at
+most two to move. The safe moves, to the defaults on stale telemetry and drafting off on a collapse,
+are taken at once.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ class PolicyConfig:
     period_s: float = 2.0
     stale_periods: float = 3.0  # telemetry older than this many periods: the engine's defaults
     slack: float = 0.02  # caps cut only drafts predicted to cost more than 2 % of the best throughput
-    confirm_windows: int = 2
+    confirm_windows: int = 2  # windows whose targets must agree before a move (1: act on each window)
     limits: stability.Limits = field(default_factory=stability.Limits)
     min_evidence: int = 32  # verified drafts in the window before acceptance is believed
     collapse_acceptance: float = 0.1  # first-slot acceptance below this: drafting off
@@ -51,6 +54,8 @@ class PolicyConfig:
             raise ValueError(
                 "period_s must be within 1-10 s (the controller's loop, docs/ARCHITECTURE.md §3)"
             )
+        if self.confirm_windows < 1:
+            raise ValueError("confirm_windows must be at least 1")
 
 
 @dataclass
@@ -58,7 +63,7 @@ class _Memory:
     """What the controller carries between periods for one replica."""
 
     caps: Caps = DEFAULTS
-    pending: Caps | None = None  # a target seen once, waiting for a second window
+    recent: list[Caps] = field(default_factory=list)  # the last windows' targets, oldest first
     collapse_streak: int = 0
     off_periods: int = 0  # periods since drafting went off (collapse)
     probe_after: int = 0
@@ -93,36 +98,39 @@ class Policy:
         before = mem.caps
         inputs = _inputs(snap, now)
         if self.paused:
+            mem.recent = []
             return Decision(rid, self.period, before, before, Reason.PAUSED, inputs)
         if rid in self.pins:
-            mem.caps, mem.pending = self.pins[rid], None
+            mem.caps, mem.recent = self.pins[rid], []
             return Decision(rid, self.period, mem.caps, before, Reason.PINNED, inputs)
         if now - snap.taken_at > self.config.stale_periods * self.config.period_s:
             self._memory[rid] = _Memory(probe_after=self.config.probe_after)
             return Decision(rid, self.period, DEFAULTS, before, Reason.STALE, inputs)
         if not snap.healthy:
+            mem.recent = []
             return Decision(rid, self.period, before, before, Reason.UNHEALTHY, inputs)
 
         off = self._drafting_off(mem, snap, inputs)
         if off is not None:
+            mem.recent = []
             return Decision(rid, self.period, mem.caps, before, off, inputs)
         if len(snap.acceptance) < 1 or snap.verified_drafts < self.config.min_evidence or not snap.sps_table:
+            mem.recent = []  # a window without evidence breaks the run of agreeing windows
             return Decision(rid, self.period, before, before, Reason.NO_EVIDENCE, inputs)
 
         target, reason = self._target(snap, mem.caps, inputs)
         most = max(snap.load, 1) * snap.window
         limits = self.config.limits
+        mem.recent = [*mem.recent, target][-self.config.confirm_windows :]
         if target == mem.caps or stability.within_dead_band(target, mem.caps, most, snap.window, limits):
-            mem.pending = None
             steady = Reason.STEADY if target == mem.caps else Reason.DEAD_BAND
             return Decision(rid, self.period, before, before, steady, inputs)
-        if mem.pending is None or not stability.within_dead_band(
-            target, mem.pending, most, snap.window, limits
-        ):
-            mem.pending = target  # seen once: act when the next window agrees
-            if self.config.confirm_windows > 1:
-                return Decision(rid, self.period, before, before, Reason.UNCONFIRMED, inputs)
-        mem.caps, limited = stability.toward(mem.caps, target, most, snap.window, limits)
+        goal = stability.agreed(mem.caps, mem.recent, most, snap.window)
+        if len(mem.recent) < self.config.confirm_windows or stability.within_dead_band(
+            goal, mem.caps, most, snap.window, limits
+        ):  # seen in too few windows, or the windows disagree: act when the next ones agree
+            return Decision(rid, self.period, before, before, Reason.UNCONFIRMED, inputs)
+        mem.caps, limited = stability.toward(mem.caps, goal, most, snap.window, limits)
         return Decision(rid, self.period, mem.caps, before, reason, inputs, rate_limited=limited)
 
     # ---- drafting off and probes -------------------------------------------------------------------
@@ -134,7 +142,7 @@ class Policy:
             mem.off_periods += 1
             if mem.off_periods < mem.probe_after:
                 return Reason.DRAFTING_OFF
-            mem.caps, mem.pending, mem.probing = mem.before_off, None, True
+            mem.caps, mem.probing = mem.before_off, True
             return Reason.PROBE
         evident = bool(snap.acceptance) and snap.verified_drafts >= cfg.min_evidence
         if not evident:
@@ -151,7 +159,7 @@ class Policy:
         if mem.probing:  # the probe confirmed the collapse: wait longer before the next one
             mem.probe_after = min(2 * mem.probe_after, cfg.max_probe_after)
         mem.before_off, mem.probing = mem.caps, False
-        mem.caps, mem.pending = mem.caps.but(drafting=False), None
+        mem.caps = mem.caps.but(drafting=False)
         mem.collapse_streak, mem.off_periods = 0, 0
         return Reason.COLLAPSE
 

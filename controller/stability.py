@@ -1,15 +1,27 @@
-"""Keeping the controller from chasing noise: the dead band and the rate limit on caps (pure).
+"""Keeping the controller from chasing noise: the dead band, confirmation and the rate limit (pure).
 
 Caps are compared in the units the engine feels. A step cap of `None` (no limit) is the most the
 batch could verify, R·γ (a numeric cap above that is not the same: it binds once load rises); a
-request or class cap of `None` is the window γ. Two caps are within the
-dead band when no field differs by more than it may; a move toward a new target changes a step cap
-by at most a factor, a request or class cap by at most a few tokens, per period. Flags (drafting,
-interactive priority) move at once: they are either right or wrong.
+request or class cap of `None` is the window γ.
+
+- Dead band: two caps are the same when no field differs by more than it may.
+- Confirmation: a move goes only as far as the last windows *all* ask for. Field by field, when
+  every window's target lies beyond the caps in force on the same side, the agreed value is the one
+  nearest to the caps in force; when one window asks for the other side, or for nothing, that field
+  stays. A single noisy window therefore moves nothing, a clean step is confirmed by the second
+  window, and on a ramp the caps follow one window behind instead of waiting for the load to stop.
+- Rate limit: a cap moves by at most half its range per period (the step cap by R·γ/2, a request or
+  class cap by γ/2), so any agreed target is reached in two moves: a load step settles within three
+  periods (one to confirm, two to move), and a target the next windows revise is never overshot by
+  more than one move.
+
+Flags (drafting, interactive priority) move at once once confirmed: they are either right or wrong.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from controller.decision import Caps
@@ -19,8 +31,12 @@ from controller.decision import Caps
 class Limits:
     dead_band_frac: float = 0.1  # step caps within 10 % (or `dead_band_tokens`) are the same
     dead_band_tokens: int = 2
-    max_step_factor: float = 4.0  # a step cap moves by at most ×4 or ÷4 per period
-    max_request_delta: int = 4  # request and class caps move by at most this many tokens per period
+    max_move_frac: float = 0.5  # a cap moves by at most this fraction of its range per period
+
+    def __post_init__(self) -> None:
+        if not 0.5 <= self.max_move_frac <= 1.0:
+            # Below a half, a step from one end of the range to the other takes more than two moves.
+            raise ValueError("max_move_frac must be within 0.5-1 (two moves reach any target)")
 
 
 def _step(cap: int | None, most: int) -> int:
@@ -43,22 +59,54 @@ def within_dead_band(a: Caps, b: Caps, most: int, window: int, limits: Limits) -
     return all(_req(a.by_class.get(c), window) == _req(b.by_class.get(c), window) for c in classes)
 
 
+def _nearest_agreed(current, targets: Sequence, units) -> object:
+    """The target value nearest `current` when every target lies on one side of it, else `current`
+    (values in their own encoding, compared in the engine's `units`; targets the same as `current` in
+    those units keep the latest target's encoding, a number for `None` or the reverse)."""
+    here = units(current)
+    deltas = [units(t) - here for t in targets]
+    if all(d > 0 for d in deltas) or all(d < 0 for d in deltas):
+        return targets[min(range(len(targets)), key=lambda i: abs(deltas[i]))]
+    return targets[-1] if not any(deltas) else current
+
+
+def agreed(current: Caps, targets: Sequence[Caps], most: int, window: int) -> Caps:
+    """What the last windows' targets (oldest first) all ask of `current`, field by field."""
+
+    def flag(name: str) -> bool:
+        values = {getattr(t, name) for t in targets}
+        return values.pop() if len(values) == 1 else getattr(current, name)
+
+    def req(c: int | None, ts: list) -> int | None:
+        return _nearest_agreed(c, ts, lambda v: _req(v, window))
+
+    steps = [t.max_step_tokens for t in targets]
+    step = _nearest_agreed(current.max_step_tokens, steps, lambda v: _step(v, most))
+    request = req(current.max_request_tokens, [t.max_request_tokens for t in targets])
+    by_class = {}
+    for name in sorted(set(current.by_class).union(*(t.by_class for t in targets))):
+        value = req(current.by_class.get(name), [t.by_class.get(name) for t in targets])
+        if value is not None:
+            by_class[name] = value
+    return Caps(step, request, by_class, flag("drafting"), flag("interactive_priority"))
+
+
 def toward(current: Caps, target: Caps, most: int, window: int, limits: Limits) -> tuple[Caps, bool]:
     """One period's move from `current` to `target`; True when the rate limit cut it short."""
     cur, tgt = _step(current.max_step_tokens, most), _step(target.max_step_tokens, most)
+    step_move = max(1, math.ceil(limits.max_move_frac * most))
     if target.max_step_tokens is None and cur >= most:
         step = tgt  # the cap does not bind at this load: lifting it changes nothing now
-    elif tgt < cur:
-        step = max(tgt, int(cur / limits.max_step_factor))
-    else:  # from 0 (the model said drafting does not pay) growth must still get going
-        step = min(tgt, max(int(cur * limits.max_step_factor), cur + limits.dead_band_tokens + 1))
+    else:
+        step = cur + max(-step_move, min(step_move, tgt - cur))
     limited = step != tgt
     step_cap = None if target.max_step_tokens is None and not limited else step
+    req_move = max(1, math.ceil(limits.max_move_frac * window))
 
     def move(c: int | None, t: int | None) -> int | None:
         nonlocal limited
         a, b = _req(c, window), _req(t, window)
-        d = max(-limits.max_request_delta, min(limits.max_request_delta, b - a))
+        d = max(-req_move, min(req_move, b - a))
         limited |= a + d != b
         return None if a + d >= window and t is None else a + d
 

@@ -129,7 +129,8 @@ def phase_summary(outcomes: list[Outcome], phases, index: int) -> dict:
 
 
 def budget_trace(http_url: str, app: str, stop: threading.Event, out: list) -> None:
-    """Poll the controller's state once a second: (time, replica -> step cap) while the arm runs."""
+    """Poll the controller's state once a second while the arm runs: time, period, and per replica the
+    caps in force and the load it reported."""
     t0 = time.perf_counter()
     while not stop.wait(1.0):
         request = urllib.request.Request(
@@ -141,20 +142,36 @@ def budget_trace(http_url: str, app: str, stop: threading.Event, out: list) -> N
         except Exception:
             continue
         caps = {rid: r["caps"] for rid, r in state["replicas"].items()}
-        out.append({"t": round(time.perf_counter() - t0, 2), "period": state["period"], "caps": caps})
+        # The load each replica reported: open-loop arrivals build it up over several periods after a step.
+        load = {
+            rid: r["telemetry"]["running"] + r["telemetry"]["queued"] for rid, r in state["replicas"].items()
+        }
+        out.append(
+            {"t": round(time.perf_counter() - t0, 2), "period": state["period"], "caps": caps, "load": load}
+        )
 
 
 def settle_periods(trace: list[dict], phases) -> list[int | None]:
-    """Per step of the ramp, the periods from the step to the controller's last change before the next."""
+    """Per step of the ramp, the controller's periods from the step until its caps last changed before
+    the next step (from then on they hold what the phase ends with).
+
+    Counted as the policy's tests count (tests/controller/test_policy.py `settle_period`): 1 when the
+    first decision after the step made the last change, 0 when nothing changed. The base is the period
+    of the last poll before the step, so a change made between the step and the next poll counts; a
+    decision between that poll and the step counts as after it (polls are 1 s apart: the measure errs
+    long by at most one period, never short).
+    """
     out, start = [], 0.0
     for (_, _, duration), (_, _, following) in zip(phases, phases[1:]):
         start += duration
+        before = [p for p in trace if p["t"] < start and p["caps"]]
         after = [p for p in trace if start <= p["t"] < start + following]
-        if not after:
+        if not before or not after:
             out.append(None)
             continue
-        changes = [i for i in range(1, len(after)) if after[i]["caps"] != after[i - 1]["caps"]]
-        out.append(after[changes[-1]]["period"] - after[0]["period"] if changes else 0)
+        polls = [before[-1], *after]
+        changes = [i for i in range(1, len(polls)) if polls[i]["caps"] != polls[i - 1]["caps"]]
+        out.append(polls[changes[-1]]["period"] - before[-1]["period"] if changes else 0)
     return out
 
 

@@ -30,17 +30,22 @@ def test_phase_summary_counts_sla_attainment_per_class():
 
 
 def test_settle_periods_count_from_each_step_to_the_last_change():
+    """Counted like the policy's tests: periods from the step through the decision of the last change."""
     caps = lambda step: {"r": {"max_step_tokens": step}}  # noqa: E731
     trace = [
-        {"t": 9.0, "period": 9, "caps": caps(None)},
-        {"t": 10.5, "period": 10, "caps": caps(None)},
+        {"t": 9.0, "period": 9, "caps": caps(None)},  # the last poll before the step at t = 10
+        {"t": 10.5, "period": 10, "caps": caps(None)},  # decision 10, after the step: no change
         {"t": 11.5, "period": 11, "caps": caps(40)},
-        {"t": 12.5, "period": 12, "caps": caps(12)},
+        {"t": 12.5, "period": 12, "caps": caps(12)},  # the last change: 3 periods after the step
         {"t": 13.5, "period": 13, "caps": caps(12)},
-        {"t": 20.5, "period": 20, "caps": caps(12)},
+        {"t": 19.5, "period": 19, "caps": caps(12)},  # the last poll before the step at t = 20
+        {"t": 20.5, "period": 20, "caps": caps(None)},  # changed by the first decision after it: 1
         {"t": 21.5, "period": 21, "caps": caps(None)},
     ]
-    assert settle_periods(trace, PHASES) == [2, 1]
+    assert settle_periods(trace, PHASES) == [3, 1]
+    held = [{**p, "caps": caps(None)} for p in trace]
+    assert settle_periods(held, PHASES) == [0, 0]
+    assert settle_periods(trace[1:5], PHASES) == [None, None]  # no poll before the first step
 
 
 def test_cap_changes_count_moves_and_zero_means_the_defaults_were_kept():

@@ -100,7 +100,10 @@ def controller_export_env(config: AppConfig) -> dict[str, str]:
     settings = config.controller
     if settings is None or settings.otlp_endpoint is None or config.telemetry.otlp_endpoint is not None:
         return {}
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": settings.otlp_endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": settings.otlp_endpoint,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": settings.otlp_protocol,
+    }
     if config.telemetry.metric_export_interval_ms is None:
         env["OTEL_METRIC_EXPORT_INTERVAL"] = str(int(settings.period_s * 1000))
     return env

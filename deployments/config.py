@@ -37,18 +37,42 @@ class ControllerSettings(BaseModel):
     recalibrate: bool = Field(True, description="refit STS temperatures and rescale drifting cost tables")
     sts_threshold: float = Field(0.05, gt=0, lt=1, description="pooled ECE past which STS is refitted")
     sts_min_rounds: int = Field(200, ge=1)
-    # Its OTLP receiver (OTLP/gRPC, plaintext): the replicas' spans and metrics reach it there. Without
-    # the app's own telemetry.otlp_endpoint the replicas export straight to it; with one (a Collector),
-    # the Collector fans out to this address as well (docs/ARCHITECTURE.md §3).
-    otlp_port: int | None = Field(None, gt=0, lt=65536, description="port of the controller's OTLP receiver")
+    # Its OTLP receiver (plaintext): the replicas' spans and metrics reach it there. OTLP/gRPC on
+    # `otlp_port`, and with `otlp_http_port` OTLP/HTTP as well (POST /v1/traces, /v1/metrics), each on a
+    # port of its own as a Collector has (4317, 4318). Without the app's own telemetry.otlp_endpoint the
+    # replicas export straight to it over `otlp_protocol`; with one (a Collector), the Collector fans
+    # out to this address as well (docs/ARCHITECTURE.md §3).
+    otlp_port: int | None = Field(
+        None, gt=0, lt=65536, description="OTLP/gRPC port of the controller's receiver"
+    )
+    otlp_http_port: int | None = Field(
+        None, gt=0, lt=65536, description="its OTLP/HTTP port (needs otlp_port)"
+    )
     otlp_host: str = Field(
         "127.0.0.1", min_length=1, description="address it binds, and replicas reach it at"
+    )
+    otlp_protocol: Literal["grpc", "http/protobuf"] = Field(
+        "grpc", description="the protocol the replicas export to it over (http/protobuf needs otlp_http_port)"
     )
 
     @property
     def otlp_endpoint(self) -> str | None:
-        """Where exporters send to (the http:// scheme: plaintext gRPC); None with no receiver."""
-        return None if self.otlp_port is None else f"http://{self.otlp_host}:{self.otlp_port}"
+        """Where the replicas' exporters send to over `otlp_protocol` (http://: plaintext); None with no
+        receiver."""
+        port = self.otlp_http_port if self.otlp_protocol == "http/protobuf" else self.otlp_port
+        return None if self.otlp_port is None else f"http://{self.otlp_host}:{port}"
+
+    @model_validator(mode="after")
+    def _otlp_ports(self) -> ControllerSettings:
+        if self.otlp_http_port is not None and self.otlp_port is None:
+            raise ValueError(
+                "otlp_http_port needs otlp_port (the receiver serves OTLP/gRPC, and HTTP beside it)"
+            )
+        if self.otlp_protocol == "http/protobuf" and self.otlp_http_port is None:
+            raise ValueError("otlp_protocol http/protobuf needs otlp_http_port")
+        if self.otlp_http_port is not None and self.otlp_http_port == self.otlp_port:
+            raise ValueError("otlp_http_port must differ from otlp_port")
+        return self
 
     @model_validator(mode="after")
     def _policy_fields(self) -> ControllerSettings:

@@ -75,7 +75,9 @@ class Controller:
         self.telemetry = setup_process("controller")
         self._tracer = trace.get_tracer("dspark.controller")
         self.exported = (
-            None if settings.otlp_port is None else ExportedTelemetry(settings.otlp_host, settings.otlp_port)
+            None
+            if settings.otlp_port is None
+            else ExportedTelemetry(settings.otlp_host, settings.otlp_port, settings.otlp_http_port)
         )
         self._task = asyncio.get_running_loop().create_task(self._run())
 

@@ -1,4 +1,5 @@
-"""The controller's telemetry input: an OTLP/gRPC receiver the replicas (or a Collector) export to, and
+"""The controller's telemetry input: an OTLP receiver (gRPC, and HTTP with `http_port`) the replicas (or
+a Collector) export to, and
 the fold (controller/otlp.py) that turns each period's spans and points into per-replica measurements
 laid over the broadcast snapshots."""
 
@@ -14,11 +15,12 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 class ExportedTelemetry:
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, http_port: int | None = None) -> None:
         # `host` is where replicas reach the receiver: a loopback address is bound as such; any other
         # (a node or Service name) may not be one of this process's interfaces, so every one is bound.
-        self.receiver = OTLPReceiver(host if host in LOOPBACK else "0.0.0.0", port)
+        self.receiver = OTLPReceiver(host if host in LOOPBACK else "0.0.0.0", port, http_port)
         self.advertised = f"http://{host}:{self.receiver.port}"
+        self.http_advertised = None if http_port is None else f"http://{host}:{self.receiver.http_port}"
         self.fold = OtlpFold()
         self.received = {"spans": 0, "points": 0}
 
@@ -46,7 +48,11 @@ class ExportedTelemetry:
         self.fold.forget(replica_id)
 
     def state(self) -> dict:
-        return {"endpoint": self.endpoint, "received": dict(self.received)}
+        return {
+            "endpoint": self.endpoint,
+            "http_endpoint": self.http_advertised,
+            "received": dict(self.received),
+        }
 
     def close(self) -> None:
         self.receiver.close()

@@ -1,7 +1,10 @@
-"""An OTLP/gRPC receiver that keeps what it is sent, decoded into plain data.
+"""An OTLP receiver that keeps what it is sent, decoded into plain data.
 
 It serves the standard collector services (opentelemetry-proto's TraceService and MetricsService on
-grpcio), so any exporter reaches it at `receiver.endpoint` (http://host:port: plaintext). The tests
+grpcio), so any OTLP/gRPC exporter reaches it at `receiver.endpoint` (http://host:port: plaintext);
+with `http_port`, also OTLP/HTTP (`POST /v1/traces`, `/v1/metrics`, protobuf or JSON bodies:
+dspark/telemetry/receiver_http.py) at `receiver.http_endpoint`, on a port of its own as a Collector
+has (4317 gRPC, 4318 HTTP). The tests
 use it as the far end of a real export, `python -m dspark.telemetry.dump` prints what it gets, and
 the cluster controller hosts one as its telemetry input (deployments/controller.py).
 """
@@ -16,6 +19,8 @@ import grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+from dspark.telemetry.receiver_http import OtlpHttpServer, routes
 
 KINDS = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
 
@@ -62,7 +67,7 @@ class ReceivedPoint:
 
 
 class OTLPReceiver:
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, http_port: int | None = None) -> None:
         self._lock = threading.Lock()
         self._spans: list[ReceivedSpan] = []
         self._points: list[ReceivedPoint] = []
@@ -72,11 +77,25 @@ class OTLPReceiver:
         self.port = self._server.add_insecure_port(f"{host}:{port}")
         self.host = host
         self._server.start()
+        self._http = (
+            None
+            if http_port is None
+            else OtlpHttpServer(host, http_port, routes(self._add_spans, self._add_metrics))
+        )
 
     @property
     def endpoint(self) -> str:
         """For OTEL_EXPORTER_OTLP_ENDPOINT; the http:// scheme tells the gRPC exporter: no TLS."""
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def http_port(self) -> int | None:
+        return None if self._http is None else self._http.port
+
+    @property
+    def http_endpoint(self) -> str | None:
+        """For OTEL_EXPORTER_OTLP_ENDPOINT with protocol http/protobuf (the exporter appends /v1/...)."""
+        return None if self._http is None else f"http://{self.host}:{self.http_port}"
 
     def spans(self) -> list[ReceivedSpan]:
         with self._lock:
@@ -96,6 +115,8 @@ class OTLPReceiver:
 
     def close(self) -> None:
         self._server.stop(grace=None)
+        if self._http is not None:
+            self._http.close()
 
     def _add_spans(self, request) -> None:
         received = []

@@ -1,8 +1,8 @@
 """The controller's OTLP input end to end in one process: a real engine's replica telemetry
-(EngineTelemetry on the real OpenTelemetry SDK, OTLP/gRPC exporters configured from the environment
-build_app gives the replicas) exports to the controller's receiver, and the controller's view of the
-replica (ReplicaTelemetry) carries what the engine measured: TTFT/TPOT per SLA class, the calibration
-error, and the forward slowdown from the sampled steps."""
+(EngineTelemetry on the real OpenTelemetry SDK, its OTLP/gRPC or OTLP/HTTP exporters configured from
+the environment build_app gives the replicas) exports to the controller's receiver, and the
+controller's view of the replica (ReplicaTelemetry) carries what the engine measured: TTFT/TPOT per
+SLA class, the calibration error, and the forward slowdown from the sampled steps."""
 
 from __future__ import annotations
 
@@ -37,12 +37,34 @@ def test_app_config_points_the_replicas_at_the_controller(qwen3_dir):
     assert controller_export_env(AppConfig(model=str(qwen3_dir), controller={})) == {}
     with pytest.raises(ValueError, match="otlp_port"):
         AppConfig(**{**base, "controller": {"otlp_port": 70000}})
+    # OTLP/HTTP beside gRPC; the replicas export over it when told to.
+    http = {"otlp_port": 4999, "otlp_http_port": 5000, "period_s": 2}
+    assert controller_export_env(AppConfig(**{**base, "controller": http}))[
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    ] == ("http://127.0.0.1:4999")
+    over_http = controller_export_env(
+        AppConfig(**{**base, "controller": {**http, "otlp_protocol": "http/protobuf"}})
+    )
+    assert over_http == {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:5000",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_METRIC_EXPORT_INTERVAL": "2000",
+    }
+    for wrong, field in (
+        ({"otlp_http_port": 5000}, "otlp_http_port needs otlp_port"),
+        ({"otlp_port": 4999, "otlp_protocol": "http/protobuf"}, "needs otlp_http_port"),
+        ({"otlp_port": 4999, "otlp_http_port": 4999}, "must differ"),
+    ):
+        with pytest.raises(ValueError, match=field):
+            AppConfig(**{**base, "controller": wrong})
 
 
-def test_a_replicas_export_reaches_the_controllers_view(qwen3_dir, monkeypatch):
-    exported, telemetry = ExportedTelemetry("127.0.0.1", free_port()), None
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_replicas_export_reaches_the_controllers_view(qwen3_dir, monkeypatch, protocol):
+    exported, telemetry = ExportedTelemetry("127.0.0.1", free_port(), free_port()), None
     try:
-        config = AppConfig(model=str(qwen3_dir), controller={"otlp_port": exported.receiver.port})
+        ports = {"otlp_port": exported.receiver.port, "otlp_http_port": exported.receiver.http_port}
+        config = AppConfig(model=str(qwen3_dir), controller={**ports, "otlp_protocol": protocol})
         for name in OTEL_VARS:
             monkeypatch.delenv(name, raising=False)
         for name, value in controller_export_env(config).items():
@@ -95,6 +117,7 @@ def test_a_replicas_export_reaches_the_controllers_view(qwen3_dir, monkeypatch):
         assert view.forward_slowdown == pytest.approx(slowdown)
         assert view.calibration_error == pytest.approx(traced.metrics.calibration.error())
         assert exported.state()["received"]["spans"] >= 2
+        assert exported.state()["http_endpoint"] == f"http://127.0.0.1:{exported.receiver.http_port}"
     finally:
         if telemetry is not None:
             telemetry.shutdown()

@@ -80,7 +80,10 @@ def build_app(args: dict | AppConfig) -> Application:
     # The cluster controller, one replica beside the targets; the ingress serves its admin routes.
     controller = None
     if config.controller is not None:
-        controller = Controller.options(ray_actor_options={"num_cpus": 0, **runtime_env}).bind(replica, data)
+        placed = {"resources": dict(config.controller.resources)} if config.controller.resources else {}
+        controller = Controller.options(ray_actor_options={"num_cpus": 0, **placed, **runtime_env}).bind(
+            replica, data
+        )
     return Ingress.options(
         **_replica_count(config.num_ingress_replicas, config.ingress_autoscaling_config),
         # Streams wait on the replicas, not on this process: let each hold every replica's requests.

@@ -51,6 +51,9 @@ class ControllerSettings(BaseModel):
     otlp_host: str = Field(
         "127.0.0.1", min_length=1, description="address it binds, and replicas reach it at"
     )
+    # Ray custom resources its actor needs: the Helm chart pins it to the head pod this way, so that
+    # its receiver sits behind the chart's Service (charts/dspark/templates/controller.yaml).
+    resources: dict[str, float] = Field(default_factory=dict, description="Ray custom resources it needs")
     otlp_protocol: Literal["grpc", "http/protobuf"] = Field(
         "grpc", description="the protocol the replicas export to it over (http/protobuf needs otlp_http_port)"
     )

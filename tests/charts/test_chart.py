@@ -15,7 +15,7 @@ from manifests import embedded_core_objects, errors, kuberay_errors
 from ray.serve.schema import ServeDeploySchema
 from sglang_cpu import install_torchvision_stand_in
 
-from deployments.app import GRPC_SERVICERS, PROXY_ENV, build_app
+from deployments.app import GRPC_SERVICERS, PROXY_ENV, build_app, controller_export_env
 from deployments.config import AppConfig
 from scripts.chart import CHART, lint, manifests, profiles
 from tests.drafter_service.drafter_fixtures import save_untrained_dspark
@@ -213,6 +213,55 @@ def test_router_controller_and_extra_args_pass_through():
     assert args["stuck_after_s"] == 45
     assert args["engine"]["seed"] == 7 and args["engine"]["drafter"] == "dspark"  # merged, not replaced
     assert "router" not in serve_config({})["applications"][0]["args"]
+
+
+def test_the_controllers_otlp_receiver_gets_a_service_the_replicas_export_to(qwen3_dir):
+    """With otlp_port the controller is pinned to the head pod (a Ray resource only the head offers),
+    a Service selects exactly the head pod on the receiver's ports, and the app's args point the
+    replicas at the Service's name (what build_app hands them as OTEL_EXPORTER_OTLP_ENDPOINT)."""
+    assert of_kind(manifests({"controller": {"period_s": 2}}), "Service") == []  # no receiver: no Service
+    values = {"controller": {"period_s": 2, "otlp_port": 4317, "otlp_http_port": 4318}}
+    docs = manifests(values)
+    (service,) = of_kind(docs, "Service")
+    assert errors(service) == []
+    assert service["metadata"]["name"] == "dspark-controller"
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    assert {n: (p["port"], p["targetPort"]) for n, p in ports.items()} == {
+        "otlp-grpc": (4317, "otlp-grpc"),
+        "otlp-http": (4318, "otlp-http"),
+    }
+    assert ports["otlp-grpc"]["appProtocol"] == "kubernetes.io/h2c"
+    cluster = of_kind(docs, "RayService")[0]["spec"]["rayClusterConfig"]
+    head = cluster["headGroupSpec"]
+    worker = cluster["workerGroupSpecs"][0]["template"]
+    selector = service["spec"]["selector"].items()
+    assert selector <= head["template"]["metadata"]["labels"].items()
+    assert not selector <= worker["metadata"]["labels"].items()  # the receiver runs on the head only
+    container = head["template"]["spec"]["containers"][0]
+    assert {(p["name"], p["containerPort"]) for p in container["ports"]} >= {
+        ("otlp-grpc", 4317),
+        ("otlp-http", 4318),
+    }
+    # `ray start --resources=...` in a shell: the JSON quoted once more.
+    assert head["rayStartParams"]["resources"] == '"{\\"dspark_controller\\": 1}"'
+    assert "resources" not in cluster["workerGroupSpecs"][0]["rayStartParams"]
+
+    args = AppConfig(**serve_config(values)["applications"][0]["args"])
+    host = "dspark-controller.dspark.svc"
+    assert (args.controller.otlp_host, args.controller.resources) == (host, {"dspark_controller": 1.0})
+    assert controller_export_env(args)["OTEL_EXPORTER_OTLP_ENDPOINT"] == f"http://{host}:4317"
+    assert build_app(args.model_copy(update={"model": str(qwen3_dir)})) is not None
+
+    # A Collector of yours: the replicas keep exporting to it; it fans out to the controller's Service.
+    collector = {**values, "telemetry": {"otlpEndpoint": "http://collector:4317"}}
+    args = AppConfig(**serve_config(collector)["applications"][0]["args"])
+    assert args.telemetry.otlp_endpoint == "http://collector:4317" and controller_export_env(args) == {}
+    # Over OTLP/HTTP, and with a host of your own.
+    own = {
+        "controller": {**values["controller"], "otlp_protocol": "http/protobuf", "otlp_host": "ctl.example"}
+    }
+    args = AppConfig(**serve_config(own)["applications"][0]["args"])
+    assert controller_export_env(args)["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://ctl.example:4318"
 
 
 def test_upgrade_default_needs_no_second_set_of_gpus():

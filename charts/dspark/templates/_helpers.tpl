@@ -92,6 +92,16 @@ is sized for the most replicas Serve may ask for.
 {{- toJson $pods -}}
 {{- end -}}
 
+{{/* The controller's OTLP receiver is on (controller.otlp_port): "true" or "". */}}
+{{- define "dspark.controllerReceiver" -}}
+{{- if and .Values.controller .Values.controller.otlp_port -}}true{{- end -}}
+{{- end -}}
+
+{{/* Where the replicas (or a Collector) reach the controller's receiver: its Service's DNS name. */}}
+{{- define "dspark.controllerHost" -}}
+{{- printf "%s-controller.%s.svc" (include "dspark.fullname" .) .Release.Namespace -}}
+{{- end -}}
+
 {{/* The application's args: app.args plus what the chart wires in (keys file, router, controller). */}}
 {{- define "dspark.appArgs" -}}
 {{- $args := deepCopy .Values.app.args -}}
@@ -99,7 +109,22 @@ is sized for the most replicas Serve may ask for.
 {{- $_ := set $args "api_keys_file" (printf "/etc/dspark/api-keys/%s" .Values.apiKeys.secretKey) -}}
 {{- end -}}
 {{- with .Values.router }}{{ $_ := set $args "router" (deepCopy .) }}{{ end -}}
-{{- with .Values.controller }}{{ $_ := set $args "controller" (deepCopy .) }}{{ end -}}
+{{- with .Values.controller -}}
+{{- $controller := deepCopy . -}}
+{{- if include "dspark.controllerReceiver" $ -}}
+{{- /* Its OTLP receiver sits behind the <fullname>-controller Service (controller.yaml): the actor is pinned
+to the head pod by a Ray resource only the head offers, and the replicas are told the Service's name. */ -}}
+{{- $_ := set $controller "otlp_host" ($controller.otlp_host | default (include "dspark.controllerHost" $)) -}}
+{{- $_ := set $controller "resources" (mergeOverwrite (dict "dspark_controller" 1) ($controller.resources | default dict)) -}}
+{{- with $.Values.telemetry.otlpEndpoint -}}
+{{- /* A Collector of yours: the replicas keep exporting to it (build_app leaves them on the app's own
+endpoint), and it fans out to the controller's Service as well (NOTES.txt). */ -}}
+{{- $named := dict "otlp_endpoint" . "otlp_protocol" $.Values.telemetry.otlpProtocol -}}
+{{- $_ := set $args "telemetry" (mergeOverwrite $named ($args.telemetry | default dict)) -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $args "controller" $controller -}}
+{{- end -}}
 {{- $args = mergeOverwrite $args (deepCopy .Values.app.extraArgs) -}}
 {{- toYaml $args -}}
 {{- end -}}

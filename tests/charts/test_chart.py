@@ -250,7 +250,14 @@ def test_the_controllers_otlp_receiver_gets_a_service_the_replicas_export_to(qwe
     host = "dspark-controller.dspark.svc"
     assert (args.controller.otlp_host, args.controller.resources) == (host, {"dspark_controller": 1.0})
     assert controller_export_env(args)["OTEL_EXPORTER_OTLP_ENDPOINT"] == f"http://{host}:4317"
-    assert build_app(args.model_copy(update={"model": str(qwen3_dir)})) is not None
+    app = build_app(args.model_copy(update={"model": str(qwen3_dir)}))
+    # The bound Controller deployment asks for the resource (Serve's Application keeps its bind args).
+    (controller,) = [
+        a._bound_deployment
+        for a in app._bound_deployment.init_args
+        if hasattr(a, "_bound_deployment") and a._bound_deployment.name == "Controller"
+    ]
+    assert controller.ray_actor_options["resources"] == {"dspark_controller": 1.0}
 
     # A Collector of yours: the replicas keep exporting to it; it fans out to the controller's Service.
     collector = {**values, "telemetry": {"otlpEndpoint": "http://collector:4317"}}

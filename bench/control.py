@@ -146,8 +146,15 @@ def budget_trace(http_url: str, app: str, stop: threading.Event, out: list) -> N
         load = {
             rid: r["telemetry"]["running"] + r["telemetry"]["queued"] for rid, r in state["replicas"].items()
         }
+        received = (state.get("otlp") or {}).get("received")  # spans and points so far
         out.append(
-            {"t": round(time.perf_counter() - t0, 2), "period": state["period"], "caps": caps, "load": load}
+            {
+                "t": round(time.perf_counter() - t0, 2),
+                "period": state["period"],
+                "caps": caps,
+                "load": load,
+                "otlp_received": received,
+            }
         )
 
 
@@ -216,7 +223,15 @@ def main(argv: list[str] | None = None) -> int:
         "engine_only": ({"scheduler": "dspark", "num_speculative_tokens": 7}, None),
         "engine_controller": (
             {"scheduler": "dspark", "num_speculative_tokens": 7},
-            {"period_s": args.period, "admin_tokens": [ADMIN_TOKEN], "policy": {"sla_classes": sla}},
+            {
+                "period_s": args.period,
+                "admin_tokens": [ADMIN_TOKEN],
+                "policy": {"sla_classes": sla},
+                # The replicas export their spans and metrics to the controller's OTLP receiver (its
+                # TTFT/TPOT per class, calibration error and forward slowdown come from there): the
+                # arm pays the export, as a deployment with the controller does.
+                "otlp_port": _free_port(),
+            },
         ),
         # The engine-only arm again, last: the distance between identical runs is the noise band.
         NOISE_ARM: ({"scheduler": "dspark", "num_speculative_tokens": 7}, None),
@@ -346,6 +361,16 @@ def summarize(results: dict, phases, args, argv) -> dict:
             "min_phase_attainment_delta_vs_best_static": min(deltas) if deltas else None,
             "settle_periods_max": max((s for s in settles if s is not None), default=None),
             "controller_cap_changes": cap_changes(results["traces"].get("engine_controller", [])),
+            # What the controller's OTLP receiver had taken in by the last poll (cumulative over repeats).
+            "controller_otlp_received": next(
+                (
+                    p["otlp_received"]
+                    for run in reversed(results["traces"].get("engine_controller", []))
+                    for p in reversed(run["trace"])
+                    if p.get("otlp_received")
+                ),
+                None,
+            ),
             **noise_band(arms),
         },
     }

@@ -63,11 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=4317)
+    parser.add_argument("--http-port", type=int, default=4318, help="OTLP/HTTP port; 0: any, -1: none")
     parser.add_argument("--seconds", type=float, default=None, help="stop after this long (default: Ctrl-C)")
     parser.add_argument("--settle", type=float, default=2.0, help="print a trace once quiet this long")
     args = parser.parse_args(argv)
-    receiver = OTLPReceiver(args.host, args.port)
-    print(f"[dump] OTLP/gRPC receiver on {receiver.endpoint}", flush=True)
+    receiver = OTLPReceiver(args.host, args.port, None if args.http_port < 0 else args.http_port)
+    http = f", OTLP/HTTP on {receiver.http_endpoint}" if receiver.http_endpoint else ""
+    print(f"[dump] OTLP/gRPC receiver on {receiver.endpoint}{http}", flush=True)
     printed: set[str] = set()
     seen: dict[str, tuple[int, float]] = {}  # trace -> (span count, when it last grew)
     stop = None if args.seconds is None else time.monotonic() + args.seconds

@@ -1,7 +1,9 @@
 """Serving overhead: the same held-out prompts streamed offline, over HTTP and over gRPC.
 
 Offline is the engine in this process (AsyncEngine); HTTP is the OpenAI API through Ray Serve's proxy
-(official `openai` client, SSE); gRPC is `dspark_client` through Serve's gRPC proxy. The served stack
+(official `openai` client, SSE); gRPC is `dspark_client` through Serve's gRPC proxy; with
+`--direct-ingress` both clients call the ingress replica's own servers instead, one Ray hop and one
+process fewer per streamed message (deployments/direct_ingress.py). The served stack
 is one replica with the offline engine's options and one ingress replica (on a machine of a few cores a
 second ingress process only takes the engine's CPU), so the difference is the serving path. Each
 concurrency level runs every method in rotating order; greedy decoding with a fixed output length
@@ -10,6 +12,7 @@ proxy, the ingress and the replica spent per generated token (from /proc, so it 
 machine) and the messages per token a stream took.
 
     python bench/serve.py --model models/target [--drafter ngram] [--prompts 16] [--max-tokens 64]
+    python bench/serve.py --model models/target --direct-ingress   # no Serve proxy in the path
     python bench/serve.py --quick      # a smoke run: tiny sizes, written to a scratch file
 
 Writes bench/results/serve.json and bench/results/serve.md.
@@ -163,20 +166,29 @@ def grpc_request(client, max_tokens: int):
 
 
 def start_stack(
-    model: str, engine_options: dict, threads: int, app: dict | None = None, env: dict | None = None
+    model: str,
+    engine_options: dict,
+    threads: int,
+    app: dict | None = None,
+    env: dict | None = None,
+    direct_ingress: bool = False,
 ) -> tuple[str, str]:
     """One target replica with the offline engine's options; `app`: more AppConfig fields, `env`: more
-    environment for every Ray process (Serve's own flags)."""
+    environment for every Ray process (Serve's own flags). Returns the HTTP base URL and the gRPC target
+    the clients use: Serve's proxy's, or with `direct_ingress` the ingress replica's own
+    (deployments/direct_ingress.py)."""
     import ray
     from ray import serve
 
     from deployments.app import GRPC_SERVICERS, PROXY_ENV, build_app
+    from deployments.direct_ingress import LOCAL_DIRECT_INGRESS_ENV, wait_for_endpoints
     from deployments.serve import REPO as repo
 
     http_port, grpc_port = _free_port(), _free_port()
+    extra = {**PROXY_ENV, **(LOCAL_DIRECT_INGRESS_ENV if direct_ingress else {}), **(env or {})}
     ray.init(
         include_dashboard=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(repo), **PROXY_ENV, **(env or {})}},
+        runtime_env={"env_vars": {"PYTHONPATH": str(repo), **extra}},
         log_to_driver=False,
     )
     serve.start(
@@ -192,6 +204,9 @@ def start_stack(
         **(app or {}),
     }
     serve.run(build_app(args), name="bench", route_prefix="/")
+    if direct_ingress:
+        found = wait_for_endpoints("bench", args["num_ingress_replicas"], host="127.0.0.1")
+        return found.http[0], found.grpc[0]
     return f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}"
 
 
@@ -241,6 +256,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the engine, both paths")
     parser.add_argument("--out", type=Path, default=RESULTS / "serve.json")
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, a scratch output file")
+    parser.add_argument(
+        "--direct-ingress",
+        action="store_true",
+        help="clients call the ingress replica's own HTTP/gRPC servers, no Serve proxy in the path",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.prompts, args.max_tokens, args.repeats, args.concurrency = 2, 8, 1, [1, 2]
@@ -267,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
         "max_num_seqs": max(args.concurrency),
     }
     offline = AsyncEngine(EngineConfig(model=model, **engine_options))
-    http_url, grpc_target = start_stack(model, engine_options, args.threads)
+    http_url, grpc_target = start_stack(
+        model, engine_options, args.threads, direct_ingress=args.direct_ingress
+    )
     name = Path(model).name
     http = openai.OpenAI(base_url=http_url + "/v1", api_key="-", max_retries=0, timeout=600)
     grpc_client = dspark_client.Client(grpc_target, timeout_s=600)
@@ -335,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
             "max_tokens": args.max_tokens,
             "repeats": args.repeats,
             "num_ingress_replicas": 1,
+            "path": "direct_ingress" if args.direct_ingress else "proxy",
             "serving_processes": {proc: len(p) for proc, p in pids.items()},
         },
         "points": points,

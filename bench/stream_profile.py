@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--app", default="{}", help="more AppConfig fields, as JSON")
     parser.add_argument("--env", nargs="*", default=[], help="KEY=VALUE for every Ray process")
     parser.add_argument("--py-spy", action="store_true", help="sample the serving processes (needs py-spy)")
+    parser.add_argument(
+        "--direct-ingress", action="store_true", help="clients call the ingress replica, no Serve proxy"
+    )
     args = parser.parse_args(argv)
 
     import openai
@@ -86,8 +89,14 @@ def main(argv: list[str] | None = None) -> int:
         "max_num_seqs": args.concurrency,
     }
     http_url, grpc_target = start_stack(
-        model, engine_options, args.threads, json.loads(args.app), dict(kv.split("=", 1) for kv in args.env)
+        model,
+        engine_options,
+        args.threads,
+        json.loads(args.app),
+        dict(kv.split("=", 1) for kv in args.env),
+        direct_ingress=args.direct_ingress,
     )
+    print(f"clients: HTTP {http_url}, gRPC {grpc_target}")
     http = openai.OpenAI(base_url=http_url + "/v1", api_key="-", max_retries=0, timeout=600)
     client = dspark_client.Client(grpc_target, timeout_s=600)
     counts = collections.Counter()
@@ -134,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"serving processes: {pids}")
         for name, p in pids.items():  # the Serve flags each process runs with
             env = Path(f"/proc/{p[0]}/environ").read_bytes().split(b"\0")
-            flags = sorted(e.decode() for e in env if e.startswith(b"RAY_SERVE_RUN_"))
+            flags = sorted(e.decode() for e in env if e.startswith((b"RAY_SERVE_RUN_", b"RAY_SERVE_ENABLE_")))
             print(f"  {name}: {flags}")
         before = {name: cpu_seconds(p) for name, p in pids.items()}
         time.sleep(3.0)  # the idle cost: health checks, routing stats, metrics

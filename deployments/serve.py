@@ -6,6 +6,8 @@ Builds the demo models first when the config points at a missing `models/...` ch
 traces and metrics go (the OTEL_* environment it starts in reaches every Ray process; an app's
 `telemetry:` block wins), prints how to call the service, and shuts Serve and Ray down cleanly on
 Ctrl-C. `--demo` runs the demo client session (deployments/demo.py) once the stack is up, then exits.
+`--direct-ingress` lets the Ingress replicas serve HTTP and gRPC on ports of their own, no Serve proxy
+in the path (deployments/direct_ingress.py); it prints their addresses (the proxy's ports keep serving).
 """
 
 from __future__ import annotations
@@ -117,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default="configs/local.yaml", help="a Ray Serve config file")
     parser.add_argument("--demo", action="store_true", help="run the demo client once ready, then exit")
     parser.add_argument("--num-cpus", type=int, default=None, help="logical CPUs for the local Ray")
+    parser.add_argument(
+        "--direct-ingress", action="store_true", help="the ingress replicas serve HTTP/gRPC themselves"
+    )
     args = parser.parse_args(argv)
 
     config = yaml.safe_load(Path(args.config).read_text())
@@ -129,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     from ray import serve
 
     from deployments.app import PROXY_ENV, build_app
+    from deployments.direct_ingress import LOCAL_DIRECT_INGRESS_ENV, wait_for_endpoints
 
     started = time.monotonic()
     ray.init(
@@ -139,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             "env_vars": {
                 "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
                 **PROXY_ENV,
+                **(LOCAL_DIRECT_INGRESS_ENV if args.direct_ingress else {}),
             }
         },
     )
@@ -152,12 +159,18 @@ def main(argv: list[str] | None = None) -> int:
             serve.run(build_app(app["args"]), name=app["name"], route_prefix=app.get("route_prefix", "/"))
         http_port = config.get("http_options", {}).get("port", 8000)
         grpc_port = config.get("grpc_options", {}).get("port", 9000)
+        http_url, grpc_target = f"http://localhost:{http_port}", f"localhost:{grpc_port}"
+        if args.direct_ingress:  # each app's ingress replicas listen on ports of their own
+            direct = {app["name"]: wait_for_endpoints(app["name"], replicas=1) for app in apps}
+            for name, found in direct.items():
+                print(f"[serve] {name}: direct ingress HTTP {found.http}, gRPC {found.grpc}", flush=True)
+            http_url, grpc_target = direct[apps[0]["name"]].http[0], direct[apps[0]["name"]].grpc[0]
         model = apps[0]["args"].get("served_model_name") or Path(apps[0]["args"]["model"]).resolve().name
         print(f"[serve] ready in {time.monotonic() - started:.1f}s", flush=True)
         if args.demo:
             from deployments import demo
 
-            return demo.main(["--grpc", f"localhost:{grpc_port}", "--http", f"http://localhost:{http_port}"])
+            return demo.main(["--grpc", grpc_target, "--http", http_url])
         print(usage(http_port, grpc_port, model), flush=True)
         stop.wait()
         print("[serve] shutting down", flush=True)

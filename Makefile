@@ -31,7 +31,7 @@ bench: models
 	OMP_NUM_THREADS=1 $(PY) bench/accept.py --models $(MODELS)
 	$(PY) bench/load.py --models $(MODELS) --reprofile
 	$(PY) bench/serve.py --model $(MODELS)/target --drafter dspark --num-speculative-tokens 7 --prompts 16 \
-		--max-tokens 64 --repeats 2
+		--max-tokens 64 --repeats 2 --direct-ingress
 	$(PY) bench/prefix.py --model $(MODELS)/target
 	$(PY) bench/route_decision.py
 	$(PY) bench/route_stats_cost.py --model $(MODELS)/target

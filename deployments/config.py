@@ -133,6 +133,10 @@ class AppConfig(BaseModel):
         256, ge=-1, description="per ingress replica, queued before 429; -1: unbounded"
     )
     max_request_bytes: int = Field(1 << 20, ge=1024)
+    # Tokens a target replica gathers per streamed message after the first (vLLM's and SGLang's
+    # stream_interval): fewer messages per token on every hop, more time between them. 1: every engine
+    # step goes out as soon as it is produced (what piled up meanwhile still travels merged).
+    stream_interval: int = Field(1, ge=1)
     api_keys: list[str] = Field(default_factory=list, description="bearer tokens accepted; empty: open")
     # Tokens kept out of the config itself: a file with one per line (a mounted Kubernetes Secret),
     # read by the ingress at start and accepted besides `api_keys`.

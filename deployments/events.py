@@ -106,3 +106,24 @@ def coalesce(first: object, pending: asyncio.Queue) -> tuple[object, object | No
             return event, nxt
         event = event.then(nxt)
     return event, None
+
+
+async def coalesce_interval(
+    first: object, pending: asyncio.Queue, min_tokens: int
+) -> tuple[object, object | None]:
+    """Like `coalesce`, then, while the merged event carries fewer than `min_tokens` tokens and is not
+    the last, waits for the engine's next steps: a stream interval (vLLM's and SGLang's
+    `stream_interval`), fewer messages per token on every hop at the price of the time between them.
+    A non-event (an error, an abort) arriving meanwhile ends the wait and is held back, as in
+    `coalesce`. With `min_tokens` 1 it is `coalesce`: nothing waits."""
+    event, held = coalesce(first, pending)
+    if min_tokens <= 1:
+        return event, held
+    while held is None and isinstance(event, StreamEvent) and not event.finished:
+        if len(event.token_ids) >= min_tokens:
+            break
+        nxt = await pending.get()
+        if not isinstance(nxt, StreamEvent):
+            return event, nxt
+        event, held = coalesce(event.then(nxt), pending)
+    return event, held

@@ -22,7 +22,7 @@ from ray import serve
 from deployments import replica_control, replica_state, running
 from deployments.config import AppConfig
 from deployments.errors import classify
-from deployments.events import StreamEvent, coalesce
+from deployments.events import StreamEvent, coalesce_interval
 from deployments.telemetry import setup_process
 from deployments.tensor_parallel import KEEPALIVE_PERIOD_S
 from dspark.async_engine import CALL_TIMEOUT_S, AsyncEngine
@@ -90,7 +90,9 @@ class TargetReplica:
         carries it so Serve shows it to the router, and the replica has no use for it.
 
         Each message costs a hop through Ray, so whatever the engine produced while the previous
-        message was in flight is sent as one merged event rather than one per step.
+        message was in flight is sent as one merged event rather than one per step. With the app's
+        `stream_interval` N > 1, a message after the first also waits until it carries N tokens (or
+        the request ends).
         """
         self._ensure_keepalive()
         pending: asyncio.Queue = asyncio.Queue()
@@ -110,12 +112,17 @@ class TargetReplica:
                 pending.put_nowait(exc)
 
         task = asyncio.get_running_loop().create_task(pump())
+        interval = self.config.stream_interval
         held = None  # an error or an abort that arrived behind tokens: acted on after they are sent
         last = StreamEvent.before_any(engine_id, len(prompt_token_ids))
         self._running.add(request_id, pending)
         try:
             while True:
-                event, held = coalesce(held if held is not None else await pending.get(), pending)
+                first = held if held is not None else await pending.get()
+                # The first tokens always go at once (time to first token); later ones per the interval.
+                event, held = await coalesce_interval(
+                    first, pending, interval if last.completion_tokens else 1
+                )
                 if event is running.ABORTED:
                     yield last.aborted()
                     return

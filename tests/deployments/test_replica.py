@@ -12,7 +12,8 @@ import pytest
 from ray import cloudpickle
 from serving import ENGINE, wait_until
 
-from deployments.events import StreamEvent, coalesce
+from deployments import running
+from deployments.events import StreamEvent, coalesce, coalesce_interval
 from deployments.grpc_api import _final
 from deployments.replica import TargetReplica
 from deployments.replica_state import RecentForwards, RecentRounds
@@ -358,3 +359,57 @@ def test_routing_stats_name_the_cached_prompt_pages(replica):
     builder = CompletionBuilder("r2")
     builder.add(_final("r2", last))
     assert builder.completion.usage == Usage(len(second), 4, len(second) + 4, predicted)
+
+
+def test_a_stream_interval_gathers_tokens_but_never_past_the_last_step_or_an_abort():
+    """With a stream interval of 3 a message waits for 3 tokens (steps arriving one by one), the last
+    step ends a shorter message at once, and an abort arriving meanwhile is held behind the tokens."""
+
+    async def one_by_one(pending: asyncio.Queue, items: list) -> None:
+        for item in items:  # the next step only once the consumer took the previous one
+            while not pending.empty():
+                await asyncio.sleep(0)
+            pending.put_nowait(item)
+
+    async def run():
+        pending: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        steps = [
+            _event(i, t, finished=f) for i, (t, f) in enumerate([("b", 0), ("c", 0), ("d", 0), ("e", 1)], 1)
+        ]
+        feeder = loop.create_task(one_by_one(pending, steps))
+        three = await coalesce_interval(_event(0, "a"), pending, 3)
+        rest = await coalesce_interval(await pending.get(), pending, 3)
+        aborting: asyncio.Queue = asyncio.Queue()
+        loop.call_soon(aborting.put_nowait, running.ABORTED)
+        held = await coalesce_interval(_event(0, "a"), aborting, 3)
+        alone = await coalesce_interval(_event(0, "a"), asyncio.Queue(), 1)
+        await feeder
+        return three, rest, held, alone
+
+    (three, none), (rest, none2), (before_abort, abort), alone = asyncio.run(run())
+    assert (three.text, three.token_ids, three.finished, none) == ("abc", (100, 101, 102), False, None)
+    assert (rest.text, rest.finished, rest.completion_tokens, none2) == ("de", True, 5, None)
+    assert (before_abort.text, abort) == ("a", running.ABORTED)
+    assert alone == (_event(0, "a"), None)  # interval 1: nothing waits
+
+
+def test_a_replica_with_a_stream_interval_sends_fewer_messages_with_the_same_tokens(qwen3_dir):
+    from dspark import LLM
+
+    replica = TargetReplica.func_or_class(
+        {"model": str(qwen3_dir), "engine": dict(ENGINE), "stream_interval": 4}
+    )
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    try:
+        events = asyncio.run(_collect(replica.generate(prompt_ids(replica), params, "si")))
+    finally:
+        replica.__del__()
+    expected = LLM(str(qwen3_dir), **ENGINE).generate(["def f(x):"], params)[0]
+    assert [t for e in events for t in e.token_ids] == expected.token_ids
+    assert all(len(e.token_ids) >= 4 for e in events[1:-1]) and events[-1].finished
+    assert len(events) <= 1 + -(-15 // 4)  # the first message, then at least 4 tokens per message
+
+
+async def _collect(stream) -> list[StreamEvent]:
+    return [e async for e in stream]

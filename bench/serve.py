@@ -257,6 +257,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "serve.json")
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, a scratch output file")
     parser.add_argument(
+        "--stream-interval",
+        type=int,
+        default=1,
+        help="tokens per streamed message after the first (AppConfig.stream_interval; 1: every step)",
+    )
+    parser.add_argument(
         "--direct-ingress",
         action="store_true",
         help="clients call the ingress replica's own HTTP/gRPC servers, no Serve proxy in the path",
@@ -288,7 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     offline = AsyncEngine(EngineConfig(model=model, **engine_options))
     http_url, grpc_target = start_stack(
-        model, engine_options, args.threads, direct_ingress=args.direct_ingress
+        model,
+        engine_options,
+        args.threads,
+        {"stream_interval": args.stream_interval},
+        direct_ingress=args.direct_ingress,
     )
     name = Path(model).name
     http = openai.OpenAI(base_url=http_url + "/v1", api_key="-", max_retries=0, timeout=600)
@@ -358,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             "repeats": args.repeats,
             "num_ingress_replicas": 1,
             "path": "direct_ingress" if args.direct_ingress else "proxy",
+            "stream_interval": args.stream_interval,
             "serving_processes": {proc: len(p) for proc, p in pids.items()},
         },
         "points": points,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 from router import decisions
 from router.policy import Decision, Newcomer, PolicyConfig, ReplicaState, Sla, decide
-from router.signals import Ledger, replica_state, speed_of
+from router.signals import Ledger, prefill_rate, prompt_tokens_admitted, replica_state, speed_of
 
 PREFIX_MEMORY_S = 2.0  # a few stats periods (0.25 s) plus a prefill: then the pushed summary has it
 PREFIX_MEMORY_PAGES = 4096  # per replica: bounds the memory under a flood of distinct prompts
@@ -51,6 +51,21 @@ class _Parsed:
     state: ReplicaState
     held: frozenset[str]  # the route keys the snapshot's engine runs
     prefix_caching: bool  # the replica caches prompt pages (its stats' prefix_cache is enabled)
+    prompt_tokens: int | None  # cumulative prompt tokens admitted, as of this version
+    prefill_rate: float | None  # prompt tokens per second reaching the replica (None: not measured yet)
+
+
+def _prefill_rate(before: _Parsed | None, version: object, admitted: int | None) -> float | None:
+    """The replica's prompt inflow from its previous version's count to this one's (on its own clock);
+    the previous estimate when they cannot be compared (no count, no time between, a restart)."""
+    if before is None:
+        return None
+    if admitted is None or before.prompt_tokens is None or version is None or before.version is None:
+        return before.prefill_rate
+    seconds = float(version) - float(before.version)
+    if seconds <= 0 or admitted < before.prompt_tokens:
+        return before.prefill_rate
+    return prefill_rate(before.prefill_rate, admitted - before.prompt_tokens, seconds)
 
 
 class Balancer:
@@ -121,10 +136,13 @@ class Balancer:
             # First sight of this snapshot: it was taken no later than now, whatever the replica's clock.
             snapshot_at = min(float(version), now) if version is not None else -math.inf
             speed = speed_of(stats, self.prior_acceptance) if stats else None
-            base = replica_state(replica_id, stats, speed, self.classes, self.default, math.inf)
+            admitted = prompt_tokens_admitted(stats) if stats else None
+            rate = _prefill_rate(parsed, version, admitted)
+            base = replica_state(replica_id, stats, speed, self.classes, self.default, math.inf, rate or 0.0)
             held = frozenset(stats.get("running_keys") or ()) if stats else frozenset()
             caching = bool(stats and (stats.get("prefix_cache") or {}).get("enabled"))
-            parsed = self._parsed[replica_id] = _Parsed(version, snapshot_at, base, held, caching)
+            parsed = _Parsed(version, snapshot_at, base, held, caching, admitted, rate)
+            self._parsed[replica_id] = parsed
         state = parsed.state
         if stats:
             sent = self._recent_pages(replica_id, now)

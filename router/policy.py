@@ -12,7 +12,9 @@ geometric law the drafter's acceptance follows on average), tau(l) = 1 + sum_{j<
 with n decoding requests that verify l drafts each steps at SPS(n (1 + l)) / overhead, and every one of
 its requests advances once per step, so
 
-    rate per request = tau(l) * SPS(n (1 + l)) / overhead,        TPOT = 1 / rate.
+    rate per request = tau(l) * SPS(n (1 + l) + p) / overhead,        TPOT = 1 / rate,
+
+where p is the prefill a step carries beside the decoding tokens (below; 0 on a replica no prompt reaches).
 
 (The replica's throughput is n times that: the "/batch" of aggregate throughput is the n inside SPS.)
 The batch slows everyone twice: B grows with n, and the verify length l the replica can afford shrinks.
@@ -20,11 +22,26 @@ How l is chosen mirrors the engine: the DSpark scheduler picks the l that maximi
 tokens per second, n tau(l) SPS(n (1 + l)) (at fixed n: tau(l) SPS(n (1 + l))), within the draft
 budget; a fixed window verifies its cap. Both are cut so n (1 + l) <= M and n l <= the step's draft cap.
 
+Prefill in the decode steps. Chunked prefill puts the prompts' tokens into the same forwards as the
+decoding requests (after them: M - n (1 + l) is what a step has left for prompts), so under load most
+of a step's tokens may be prefill (on a GPU-class replica at 80% load, three quarters of them: a step
+carrying a chunk takes ~73 ms against ~27 ms decode-only) and a per-token prediction from the decode
+tokens alone is far too optimistic. Two sources of prefill reach a request's steps:
+  the prompts that arrive while it decodes: at `prefill_rate` tokens per second (the replica's recent
+  prompt inflow), a step of time T carries what arrived during it, p = rate * T(n (1 + l) + p), at most
+  what the budget leaves (beyond that the queue grows and every step is full);
+  the prompts queued now (and the newcomer's own): they run within the next steps, spread here over the
+  residents' remaining rounds (the median of their tokens left / tau).
+The newcomer's own TPOT sees only the first: the queue ahead of it is prefilled before its first token.
+The residents see both, so the newcomer's prompt is part of its harm to them. This is
+`PolicyConfig.prefill_aware`, off by default: see there why.
+
 What a newcomer would see. Its TTFT is the step in flight (half a step on average) plus the steps that
 prefill everything queued ahead of it and its own prompt (less any cached prefix), at the capacity
-M - n (1 + l) tokens per step the decoding requests leave. Its TPOT is TPOT at n' = running + queued + 1:
-the requests queued ahead decode beside it too. The requests already there move from TPOT(n' - 1) to
-TPOT(n'): the newcomer's effect on them is part of its score.
+M - n (1 + l) tokens per step the decoding requests leave. Its TPOT is TPOT at n' = running + queued + 1
+(the requests queued ahead decode beside it too) with the inflowing prefill. The requests already there
+move to TPOT(n') with the inflow, the queue and the newcomer's prompt in their steps: the newcomer's
+effect on them is part of its score.
 
 The choice (llm-d's endpoint picker's shape: filters -> scorers -> pick).
   Filters drop replicas that cannot take the request at all: unhealthy, no KV room for prompt +
@@ -145,6 +162,7 @@ class ReplicaState:
     remaining_tokens: tuple[int, ...] = ()  # running requests' tokens left to max_tokens, ascending
     age_s: float = math.inf  # how old the pushed stats are
     healthy: bool = True
+    prefill_rate: float = 0.0  # prompt tokens per second arriving lately (router/signals.py); 0: none seen
     # Prefix caching: the short hashes of the prompt pages this replica holds (its pushed summary and
     # what this router sent it since), matched against the newcomer's pages: the prefill it would skip.
     cached_prefix: Container[str] = frozenset()
@@ -162,6 +180,11 @@ class PolicyConfig:
     # small differences between their predicted speeds (noise, when both are comfortably fast).
     ample_slack: float = 0.5
     stale_after_s: float = 1.0  # stats older than this rank after fresh ones
+    # Predict TPOT with the prefill chunks co-scheduled in the decode steps (module docstring). Off by
+    # default: more accurate, but in the simulator (10 GPU-class replicas, 80% load) it lowered SLA
+    # attainment (0.854 -> 0.76-0.82 across the variants tried), because the choice then follows each
+    # replica's noisy predicted speed instead of its load (docs in the closing note of issue 11).
+    prefill_aware: bool = False
     min_retry_s: float = 0.25  # a retry hint never asks for less (signals refresh about this often)
     max_retry_s: float = 30.0
 
@@ -269,15 +292,49 @@ def step_time(speed: Speed, tokens: float) -> float:
     return speed.overhead / speed.sps(tokens)
 
 
-def tpot(speed: Speed, batch: int, sla_class: str | None = None) -> float:
-    """Seconds per output token of a request decoding among `batch` requests (see the module docstring)."""
-    key = ("tpot", batch, sla_class)
+def decode_round(speed: Speed, batch: int, sla_class: str | None = None) -> tuple[int, float]:
+    """(decode tokens of a step with `batch` decoding requests, tokens one of them of `sla_class` gains
+    per round): the anchors and drafts every request verifies, and tau at its own (maybe capped) length."""
+    key = ("round", batch, sla_class)
     if key not in speed._memo:
         batch_ = max(batch, 1)
         length = verify_length(speed, batch_)
         own = length if sla_class is None else min(length, verify_length(speed, batch_, sla_class))
-        speed._memo[key] = step_time(speed, batch_ * (1 + length)) / tau(speed.acceptance, own)
+        speed._memo[key] = (batch_ * (1 + length), tau(speed.acceptance, own))
     return speed._memo[key]
+
+
+def prefill_per_step(speed: Speed, batch: int, rate: float) -> float:
+    """Prefill tokens a step of `batch` decoding requests carries when prompts arrive at `rate` tokens per
+    second: the fixed point p = rate * step_time(D + p), at most the M - D tokens the decode D leaves."""
+    if rate <= 0:
+        return 0.0
+    key = ("prefill", batch, rate)
+    if key not in speed._memo:
+        decode, _ = decode_round(speed, batch)
+        room = max(0, speed.max_batch_tokens - decode)
+        if rate * step_time(speed, decode + room) >= room:
+            speed._memo[key] = float(room)  # the inflow fills every step: the budget binds
+        else:
+            # rate * T(D + p) - p is > 0 at p = 0 and < 0 at p = room: bisect to a root (to ~room / 4096).
+            lo, hi = 0.0, float(room)
+            for _ in range(12):
+                mid = (lo + hi) / 2
+                lo, hi = (mid, hi) if rate * step_time(speed, decode + mid) > mid else (lo, mid)
+            speed._memo[key] = hi
+    return speed._memo[key]
+
+
+def tpot(speed: Speed, batch: int, sla_class: str | None = None, prefill: float = 0.0) -> float:
+    """Seconds per output token of a request decoding among `batch` requests, its steps carrying
+    `prefill` prompt tokens each on average (see the module docstring)."""
+    decode, gain = decode_round(speed, batch, sla_class)
+    if prefill <= 0:
+        key = ("tpot", batch, sla_class)
+        if key not in speed._memo:
+            speed._memo[key] = step_time(speed, decode) / gain
+        return speed._memo[key]
+    return step_time(speed, min(speed.max_batch_tokens, decode + prefill)) / gain
 
 
 def pages_for(tokens: int, page_size: int) -> int:
@@ -324,7 +381,27 @@ def cached_tokens(state: ReplicaState, newcomer: Newcomer) -> int:
     return hits * pages.page_size
 
 
-def predict(state: ReplicaState, newcomer: Newcomer) -> Prediction:
+def resident_backlog(state: ReplicaState, newcomer: Newcomer, prompt_tokens: int) -> float:
+    """The prefill per step the queued prompts and the newcomer's `prompt_tokens` add to the residents'
+    steps, spread over their remaining rounds: the median of their tokens left (of the soonest 64 when
+    the replica reports only those: a pessimistic spread; the newcomer's max_tokens when it reports
+    none) over tau."""
+    backlog = state.queued_prefill_tokens + prompt_tokens
+    if not backlog or not state.running:
+        return 0.0
+    speed = state.speed
+    assert speed is not None
+    left = state.remaining_tokens
+    tokens = left[len(left) // 2] if left else newcomer.max_tokens
+    _, gain = decode_round(speed, state.load + 1)
+    return backlog / max(1.0, tokens / gain)
+
+
+def predict(state: ReplicaState, newcomer: Newcomer, inflow_rate: float | None = None) -> Prediction:
+    """What the newcomer would see on `state`, and its residents with it. With `inflow_rate` (prompt
+    tokens per second reaching the replica while the newcomer decodes) the steps carry prefill: that
+    inflow, and for the residents the queue and the newcomer's prompt. None: decode tokens only (the
+    policy's default, `PolicyConfig.prefill_aware`)."""
     speed = state.speed
     assert speed is not None
     cached = cached_tokens(state, newcomer)
@@ -332,8 +409,12 @@ def predict(state: ReplicaState, newcomer: Newcomer) -> Prediction:
     prompt = max(1, newcomer.prompt_tokens - cached)
     batch = state.load + 1
     first = ttft(state, prompt)
-    own = tpot(speed, batch, newcomer.sla.name)
-    others = tpot(speed, batch)
+    if inflow_rate is None:
+        own, others = tpot(speed, batch, newcomer.sla.name), tpot(speed, batch)
+    else:
+        inflow = prefill_per_step(speed, batch, inflow_rate)
+        own = tpot(speed, batch, newcomer.sla.name, inflow)
+        others = tpot(speed, batch, None, inflow + resident_backlog(state, newcomer, prompt))
     score = slack(newcomer.sla, first, own, newcomer.max_tokens)
     for sla in state.running_slas:
         if sla.priority <= newcomer.sla.priority:  # harm to less important classes does not count
@@ -371,27 +452,37 @@ def decide(
 ) -> Decision:
     excluded: dict[str, str] = {}
     candidates: list[Candidate] = []
+    inflow = inflow_rate(replicas) if config.prefill_aware else None
     for state in replicas:
         reason = exclusion(state, newcomer)
         if reason is not None:
             excluded[state.replica_id] = reason
             continue
         t = tier(state, config)
-        candidates.append(Candidate(state, t, predict(state, newcomer) if t < 2 else None))
+        candidates.append(Candidate(state, t, predict(state, newcomer, inflow) if t < 2 else None))
     sla = newcomer.sla
     if not candidates:
         if sla.may_shed or NO_SLOT not in excluded.values() or never_fits(replicas, newcomer):
-            return _shed(replicas, newcomer, config, "no replica has room", excluded)
+            return _shed(replicas, newcomer, config, "no replica has room", excluded, inflow)
         return Decision(
             "wait", (), "every replica with KV room is at max_num_seqs; waiting", excluded=excluded
         )
     if not any(c.feasible for c in candidates) and sla.may_shed:
-        return _shed(replicas, newcomer, config, f"no replica can meet SLA class {sla.name!r}", excluded)
+        reason = f"no replica can meet SLA class {sla.name!r}"
+        return _shed(replicas, newcomer, config, reason, excluded, inflow)
     order = sorted(candidates, key=lambda c: _rank_key(c, config.ample_slack))
     chosen = _break_tie(order, config, rng)
     ranking = (chosen.state.replica_id, *(c.state.replica_id for c in order if c is not chosen))
     reason = "meets the SLA" if chosen.feasible else "best slack; no replica meets the SLA"
     return Decision("route", ranking, reason, candidates=tuple(order), excluded=excluded)
+
+
+def inflow_rate(replicas: Sequence[ReplicaState]) -> float:
+    """The prompt tokens per second a replica can expect while a newcomer decodes: the candidates' mean
+    recent inflow. Where prompts go next is the router's own choice, and it spreads them; a replica's
+    own past rate would make one that was spared lately look fast until everything had gone there."""
+    rates = [s.prefill_rate for s in replicas if s.speed is not None]
+    return sum(rates) / len(rates) if rates else 0.0
 
 
 def _score(c: Candidate, ample: float) -> float:
@@ -437,23 +528,25 @@ def _shed(
     config: PolicyConfig,
     reason: str,
     excluded: Mapping[str, str],
+    inflow: float | None = None,
 ) -> Decision:
     if never_fits(replicas, newcomer):
         # No wait helps: the engine's own refusal for this case says retry 0 (dspark/kv_cache.py).
         need = newcomer.prompt_tokens + newcomer.max_tokens
         return Decision("shed", (), f"{need} tokens exceed every replica's KV cache", 0.0, excluded=excluded)
-    waits = [time_until_room(s, newcomer) for s in replicas if s.healthy and s.speed is not None]
+    waits = [time_until_room(s, newcomer, inflow) for s in replicas if s.healthy and s.speed is not None]
     wait = min(waits, default=math.inf)
     retry = min(config.max_retry_s, max(config.min_retry_s, wait))
     return Decision("shed", (), reason, retry, excluded=excluded)
 
 
-def time_until_room(state: ReplicaState, newcomer: Newcomer) -> float:
+def time_until_room(state: ReplicaState, newcomer: Newcomer, inflow_rate: float | None = None) -> float:
     """Seconds until `state` could take the newcomer within its SLA: queued prompts prefill, then the
     running requests finish in order of their tokens left at today's TPOT. inf: not even when idle."""
     speed = state.speed
     assert speed is not None
-    per_token = tpot(speed, max(state.load, 1))
+    batch = max(state.load, 1)
+    per_token = tpot(speed, batch, None, prefill_per_step(speed, batch, inflow_rate or 0.0))
     drain = ttft(state, 0) if state.queued_prefill_tokens else 0.0
     used_pages = state.total_pages - state.free_pages
     pages_each = used_pages / state.load if state.load else 0.0
@@ -471,6 +564,6 @@ def time_until_room(state: ReplicaState, newcomer: Newcomer) -> float:
             free_pages=state.free_pages + round(finished * pages_each),
             remaining_tokens=tuple(left[finished:]),
         )
-        if exclusion(after, newcomer) is None and predict(after, newcomer).slack >= 0:
+        if exclusion(after, newcomer) is None and predict(after, newcomer, inflow_rate).slack >= 0:
             return wait
     return math.inf

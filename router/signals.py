@@ -99,6 +99,26 @@ def speed_of(stats: Mapping, prior_acceptance: float) -> Speed | None:
     )
 
 
+PREFILL_RATE_HALF_LIFE_S = 2.0  # a few seconds of arrivals: one stats period holds only a few prompts
+
+
+def prompt_tokens_admitted(stats: Mapping) -> int | None:
+    """The replica's cumulative prompt tokens admitted (its prefix-cache summary counts them), or None."""
+    count = (stats.get("prefix_cache") or {}).get("prompt_tokens")
+    return None if count is None else int(count)
+
+
+def prefill_rate(previous: float | None, tokens: int, seconds: float) -> float:
+    """The prompt tokens per second reaching a replica, from `tokens` admitted over the `seconds` between
+    two of its snapshots, smoothed with the previous estimate (None: this is the first) over
+    PREFILL_RATE_HALF_LIFE_S: a stats period holds a few prompts, too few to predict the next ones by."""
+    measured = tokens / seconds
+    if previous is None:
+        return measured
+    weight = 1.0 - 0.5 ** (seconds / PREFILL_RATE_HALF_LIFE_S)
+    return previous + weight * (measured - previous)
+
+
 @dataclass
 class Sent:
     """One request this router sent to a replica."""
@@ -288,6 +308,7 @@ class Ledger:
             remaining_tokens=remaining_tokens,
             age_s=state.age_s,
             healthy=state.healthy,
+            prefill_rate=state.prefill_rate,
             cached_prefix=state.cached_prefix,
         )
 
@@ -318,6 +339,7 @@ def replica_state(
     slas: Mapping[str, Sla],
     default: Sla,
     age_s: float,
+    prefill_rate: float = 0.0,
 ) -> ReplicaState:
     """The state the stats describe (before the ledger's correction)."""
     if not stats:
@@ -348,5 +370,6 @@ def replica_state(
         remaining_tokens=tuple(sorted(int(n) for n in stats.get("remaining_tokens", ()))),
         age_s=age_s if math.isfinite(age_s) else math.inf,
         healthy=bool(stats.get("healthy", True)),
+        prefill_rate=prefill_rate,
         cached_prefix=cached,
     )

@@ -18,7 +18,11 @@ from router.policy import (
     SpsTable,
     cached_tokens,
     decide,
+    inflow_rate,
     predict,
+    prefill_per_step,
+    resident_backlog,
+    step_time,
     tau,
     time_until_room,
     tpot,
@@ -294,3 +298,82 @@ def test_decision_record_names_scores_and_exclusions():
     assert record["action"] == "route" and record["ranking"] == ["ok"]
     assert record["excluded"] == {"full": "no KV room"}
     assert set(record["scores"]["ok"]) == {"tier", "load", "ttft_ms", "tpot_ms", "tpot_others_ms", "slack"}
+
+
+# ---- prefill in the decode steps (PolicyConfig.prefill_aware) ----------------------------------------
+
+AWARE = PolicyConfig(prefill_aware=True)
+
+
+def test_the_prefill_a_step_carries_is_the_fixed_point_of_the_inflow():
+    # 16 plain decoders: D = 16. Prompts at 2,000 tokens/s: p = 2000 * T(16 + p), to 1/4096 of the room.
+    p = prefill_per_step(PLAIN, 16, 2000.0)
+    assert p == pytest.approx(2000.0 * step_time(PLAIN, 16 + p), abs=(1024 - 16) / 4096)
+    assert 0 < p < 1024 - 16
+    assert prefill_per_step(PLAIN, 16, 0.0) == 0.0
+    # An inflow no step can absorb fills every step: the budget binds.
+    assert prefill_per_step(PLAIN, 16, 1e6) == 1024 - 16
+    # The TPOT of a request in such steps: the step at D + p tokens over the tokens a round gains.
+    assert tpot(PLAIN, 16, None, p) == pytest.approx(step_time(PLAIN, 16 + p))
+    assert tpot(FAST, 16, None, p) == pytest.approx(step_time(FAST, 16 * 5 + p) / tau(0.8, 4))
+    assert tpot(PLAIN, 16, None, p) > tpot(PLAIN, 16)
+
+
+def test_the_inflow_slows_the_newcomer_and_the_queue_only_its_residents():
+    state = replica("a", PLAIN, running=8, queued=1, queued_prefill_tokens=900, remaining_tokens=(40, 50, 60))
+    new = request(prompt=100, max_tokens=50)
+    plain = predict(state, new)
+    aware = predict(state, new, 2000.0)
+    inflow = prefill_per_step(PLAIN, 10, 2000.0)
+    assert aware.tpot_s == pytest.approx(step_time(PLAIN, 10 + inflow)) and aware.tpot_s > plain.tpot_s
+    # The queue (900) and the newcomer's prompt (100) run over the residents' median 50 tokens left.
+    assert resident_backlog(state, new, 100) == pytest.approx(1000 / 50)
+    assert aware.tpot_others_s == pytest.approx(step_time(PLAIN, 10 + inflow + 20))
+    assert aware.ttft_s == plain.ttft_s  # the queue ahead is prefilled before its first token either way
+    # decide spreads the inflow it expects as the candidates' mean.
+    assert inflow_rate([replace(state, prefill_rate=1000.0), replace(state, prefill_rate=3000.0)]) == 2000.0
+
+
+def test_a_replica_with_a_heavy_prefill_queue_is_avoided_by_an_interactive_request():
+    # Equal load (12) and speed; "heavy" has 4,000 prompt tokens queued, which its interactive residents
+    # will decode beside. By decode tokens alone both keep the same slack (a tie that the sooner first
+    # token breaks); prefill-aware, the residents' TPOT on "heavy" breaks their target.
+    interactive = Sla("interactive", ttft_s=30.0, tpot_s=0.016, priority=0, may_shed=True)
+    base = dict(running_slas=(interactive,), prefill_rate=500.0)
+    heavy = replica("heavy", PLAIN, running=8, queued=4, queued_prefill_tokens=4000, **base)
+    light = replica("light", PLAIN, running=12, **base)
+    heavy, light = (replace(s, remaining_tokens=(100,) * s.running) for s in (heavy, light))
+    new = request(interactive, prompt=200, max_tokens=100)
+    assert predict(heavy, new).slack == predict(light, new).slack
+    for seed in range(10):
+        for states in ([heavy, light], [light, heavy]):
+            decision = decide(states, new, AWARE, random.Random(seed))
+            assert decision.ranking == ("light", "heavy")
+            scores = {c.state.replica_id: c.prediction for c in decision.candidates}
+            assert scores["heavy"].tpot_others_s > interactive.tpot_s >= scores["light"].tpot_others_s
+            assert scores["heavy"].slack < 0 <= scores["light"].slack
+
+
+def test_an_interactive_request_is_shed_when_the_prefill_inflow_breaks_its_target_everywhere():
+    tight = Sla("interactive", ttft_s=1.0, tpot_s=0.015, priority=0, may_shed=True)
+    fleet = [replica(f"r{i}", PLAIN, running=8, prefill_rate=3000.0) for i in range(3)]
+    new = request(tight, prompt=100, max_tokens=50)
+    assert tpot(PLAIN, 9) < 0.015  # decode tokens alone: the target looks met
+    assert decide(fleet, new, CONFIG, random.Random(0)).action == "route"
+    decision = decide(fleet, new, AWARE, random.Random(0))
+    assert decision.action == "shed" and decision.retry_after_s >= AWARE.min_retry_s
+
+
+def test_identical_prefill_loaded_replicas_share_the_load():
+    def assign(seed: int) -> list[str]:
+        states = [replica(f"r{i}", PLAIN, prefill_rate=1500.0, queued_prefill_tokens=300) for i in range(4)]
+        rng, picks = random.Random(seed), []
+        for _ in range(40):
+            chosen = decide(states, request(), AWARE, rng).ranking[0]
+            picks.append(chosen)
+            states = [replace(s, running=s.running + 1) if s.replica_id == chosen else s for s in states]
+        return picks
+
+    picks = assign(0)
+    assert {r: picks.count(r) for r in set(picks)} == {"r0": 10, "r1": 10, "r2": 10, "r3": 10}
+    assert assign(0) == picks and assign(1) != picks

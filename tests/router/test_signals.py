@@ -11,7 +11,15 @@ import pytest
 from router import decisions
 from router.balancer import PREFIX_MEMORY_S, Balancer
 from router.policy import Newcomer, PolicyConfig, PromptPages, Sla, tau
-from router.signals import MAX_SPS_SCALE, Ledger, fit_acceptance, replica_state, speed_of, sps_scale
+from router.signals import (
+    MAX_SPS_SCALE,
+    PREFILL_RATE_HALF_LIFE_S,
+    Ledger,
+    fit_acceptance,
+    replica_state,
+    speed_of,
+    sps_scale,
+)
 
 STANDARD = Sla("standard", ttft_s=5.0, tpot_s=0.25, priority=1)
 INTERACTIVE = Sla("interactive", ttft_s=1.0, tpot_s=0.05, priority=0, may_shed=True)
@@ -238,3 +246,23 @@ def test_a_replica_without_prefix_caching_is_not_remembered_as_holding_anything(
     lb.completed(first, "k0", now=5.2)
     (state,) = lb.states({first: off}, now=5.3)
     assert not state.cached_prefix
+
+
+def test_the_prompt_inflow_is_measured_from_the_replicas_admitted_prompt_tokens_and_smoothed():
+    lb = balancer()
+
+    def admitted(ts: float, tokens: int) -> dict:
+        return stats(ts, prefix_cache={"enabled": False, "prompt_tokens": tokens})
+
+    (state,) = lb.states({"r": admitted(10.0, 5000)}, 10.0)
+    assert state.prefill_rate == 0.0  # one count: no rate yet
+    (state,) = lb.states({"r": admitted(10.5, 6000)}, 10.5)
+    assert state.prefill_rate == pytest.approx(2000.0)  # the first reading is taken as it is
+    (state,) = lb.states({"r": admitted(10.5, 6000)}, 10.9)  # the same version: unchanged
+    assert state.prefill_rate == pytest.approx(2000.0)
+    (state,) = lb.states({"r": admitted(12.5, 6000)}, 12.5)  # nothing for 2 s: halfway to 0
+    assert PREFILL_RATE_HALF_LIFE_S == 2.0 and state.prefill_rate == pytest.approx(1000.0)
+    (state,) = lb.states({"r": admitted(13.0, 10)}, 13.0)  # a restarted count: the estimate stays
+    assert state.prefill_rate == pytest.approx(1000.0)
+    (state,) = lb.states({"r": stats(13.5)}, 13.5)  # a backend that does not count: the estimate stays
+    assert state.prefill_rate == pytest.approx(1000.0)

@@ -17,7 +17,7 @@ import math
 import random
 import threading
 from collections.abc import Container, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from router import decisions
 from router.policy import Decision, Newcomer, PolicyConfig, ReplicaState, Sla, decide
@@ -144,11 +144,13 @@ class Balancer:
             parsed = _Parsed(version, snapshot_at, base, held, caching, admitted, rate)
             self._parsed[replica_id] = parsed
         state = parsed.state
-        if stats:
-            sent = self._recent_pages(replica_id, now)
-            cached = _Held(state.cached_prefix, sent) if sent else state.cached_prefix
-            state = replace(state, age_s=now - parsed.snapshot_at, cached_prefix=cached)
-        return self.ledger.apply(state, parsed.held, parsed.snapshot_at, now)
+        if not stats:
+            return self.ledger.apply(state, parsed.held, parsed.snapshot_at, now)
+        sent = self._recent_pages(replica_id, now)
+        cached = _Held(state.cached_prefix, sent) if sent else state.cached_prefix
+        return self.ledger.apply(
+            state, parsed.held, parsed.snapshot_at, now, now - parsed.snapshot_at, cached
+        )
 
     def _remember_pages(self, replica_id: str, newcomer: Newcomer, now: float) -> None:
         parsed = self._parsed.get(replica_id)

@@ -76,7 +76,7 @@ import bisect
 import math
 import random
 from collections.abc import Container, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -534,15 +534,22 @@ def _shed(
         # No wait helps: the engine's own refusal for this case says retry 0 (dspark/kv_cache.py).
         need = newcomer.prompt_tokens + newcomer.max_tokens
         return Decision("shed", (), f"{need} tokens exceed every replica's KV cache", 0.0, excluded=excluded)
-    waits = [time_until_room(s, newcomer, inflow) for s in replicas if s.healthy and s.speed is not None]
-    wait = min(waits, default=math.inf)
+    # The soonest replica's wait, clamped to max_retry_s: a replica is followed only while its wait could
+    # still lower that (time_until_room's `within`), the same answer as scanning each one to the end.
+    wait = math.inf
+    for state in replicas:
+        if state.healthy and state.speed is not None:
+            wait = min(wait, time_until_room(state, newcomer, inflow, min(wait, config.max_retry_s)))
     retry = min(config.max_retry_s, max(config.min_retry_s, wait))
     return Decision("shed", (), reason, retry, excluded=excluded)
 
 
-def time_until_room(state: ReplicaState, newcomer: Newcomer, inflow_rate: float | None = None) -> float:
+def time_until_room(
+    state: ReplicaState, newcomer: Newcomer, inflow_rate: float | None = None, within: float = math.inf
+) -> float:
     """Seconds until `state` could take the newcomer within its SLA: queued prompts prefill, then the
-    running requests finish in order of their tokens left at today's TPOT. inf: not even when idle."""
+    running requests finish in order of their tokens left at today's TPOT. inf: not even when idle, or
+    not sooner than `within` (the waits only grow as more requests finish, so the scan stops there)."""
     speed = state.speed
     assert speed is not None
     batch = max(state.load, 1)
@@ -556,13 +563,24 @@ def time_until_room(state: ReplicaState, newcomer: Newcomer, inflow_rate: float 
     left.sort()
     for finished in range(state.load + 1):
         wait = max(drain, left[finished - 1] * per_token) if finished else drain
-        after = replace(
-            state,
-            running=state.load - finished,
-            queued=0,
-            queued_prefill_tokens=0,
-            free_pages=state.free_pages + round(finished * pages_each),
-            remaining_tokens=tuple(left[finished:]),
+        if wait >= within:
+            return math.inf
+        after = ReplicaState(
+            state.replica_id,
+            speed,
+            state.load - finished,
+            0,
+            0,
+            state.free_pages + round(finished * pages_each),
+            state.total_pages,
+            state.page_size,
+            state.max_num_seqs,
+            state.running_slas,
+            tuple(left[finished:]),
+            state.age_s,
+            state.healthy,
+            state.prefill_rate,
+            state.cached_prefix,
         )
         if exclusion(after, newcomer) is None and predict(after, newcomer, inflow_rate).slack >= 0:
             return wait

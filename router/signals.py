@@ -29,7 +29,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Container, Mapping
 from dataclasses import dataclass, field
 
 from router.policy import Newcomer, ReplicaState, Sla, Speed, SpsTable, pages_for, tau
@@ -278,18 +278,46 @@ class Ledger:
         return len(replica.live) if replica else 0
 
     def apply(
-        self, state: ReplicaState, held: Collection[str], snapshot_at: float, now: float
+        self,
+        state: ReplicaState,
+        held: Collection[str],
+        snapshot_at: float,
+        now: float,
+        age_s: float | None = None,
+        cached_prefix: Container[str] | None = None,
     ) -> ReplicaState:
         """`state`, from a snapshot taken at `snapshot_at` that holds the route keys `held`, corrected by
-        what this router sent that it does not hold and saw finish that it still holds."""
+        what this router sent that it does not hold and saw finish that it still holds; with `age_s`
+        and `cached_prefix` when given (one new state per call, not one per change: this runs on every
+        candidate of every decision)."""
+        age_s = state.age_s if age_s is None else age_s
+        cached_prefix = state.cached_prefix if cached_prefix is None else cached_prefix
         replica = self._replicas.get(state.replica_id)
-        if replica is None:
-            return state
-        self._expire(replica, now)
-        replica.view(held, snapshot_at)
-        added, gone = replica.added, replica.gone
+        added = gone = 0
+        if replica is not None:
+            self._expire(replica, now)
+            replica.view(held, snapshot_at)
+            added, gone = replica.added, replica.gone
         if not added and not gone:
-            return state
+            if age_s == state.age_s and cached_prefix is state.cached_prefix:
+                return state
+            return ReplicaState(
+                state.replica_id,
+                state.speed,
+                state.running,
+                state.queued,
+                state.queued_prefill_tokens,
+                state.free_pages,
+                state.total_pages,
+                state.page_size,
+                state.max_num_seqs,
+                state.running_slas,
+                state.remaining_tokens,
+                age_s,
+                state.healthy,
+                state.prefill_rate,
+                cached_prefix,
+            )
         remaining_tokens, running_slas = replica.merged(state)
         running = max(0, state.running - gone)
         queued = state.queued + added - max(0, gone - state.running)
@@ -306,10 +334,10 @@ class Ledger:
             max_num_seqs=state.max_num_seqs,
             running_slas=running_slas,
             remaining_tokens=remaining_tokens,
-            age_s=state.age_s,
+            age_s=age_s,
             healthy=state.healthy,
             prefill_rate=state.prefill_rate,
-            cached_prefix=state.cached_prefix,
+            cached_prefix=cached_prefix,
         )
 
     def _drop(self, key: str) -> None:

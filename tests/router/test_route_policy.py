@@ -178,6 +178,20 @@ def test_retry_hint_is_when_the_soonest_finishers_leave_room():
     finishers = 30 - n
     expected = (10 + finishers - 1) * per_token
     assert time_until_room(crowded, request(sla)) == pytest.approx(expected)
+    # The scan stops once the wait cannot beat `within` (another replica's): inf then, else the same.
+    assert time_until_room(crowded, request(sla), within=expected * 1.01) == pytest.approx(expected)
+    assert time_until_room(crowded, request(sla), within=expected * 0.99) == math.inf
+    # The shed decision takes the soonest replica ("crowded": 10 tokens left at the head against 20),
+    # clamped; the order the replicas come in is no matter.
+    later = replace(crowded, replica_id="later", remaining_tokens=tuple(range(20, 50)))
+    for fleet in ([crowded, later], [later, crowded]):
+        tighter = request(replace(sla, tpot_s=tpot(PLAIN, 31) * 0.99))  # neither meets it now
+        assert time_until_room(later, tighter) > time_until_room(crowded, tighter)
+        decision = decide(fleet, tighter, CONFIG, random.Random(0))
+        assert decision.action == "shed"
+        assert decision.retry_after_s == pytest.approx(
+            max(CONFIG.min_retry_s, time_until_room(crowded, tighter))
+        )
     # Targets no idle replica can meet: no wait helps.
     assert time_until_room(crowded, request(replace(sla, tpot_s=0.001))) == math.inf
 

@@ -181,9 +181,11 @@ class PolicyConfig:
     ample_slack: float = 0.5
     stale_after_s: float = 1.0  # stats older than this rank after fresh ones
     # Predict TPOT with the prefill chunks co-scheduled in the decode steps (module docstring). Off by
-    # default: more accurate, but in the simulator (10 GPU-class replicas, 80% load) it lowered SLA
-    # attainment (0.854 -> 0.76-0.82 across the variants tried), because the choice then follows each
-    # replica's noisy predicted speed instead of its load (docs in the closing note of issue 11).
+    # default: closer to what requests see, but in the simulator (10 GPU-class replicas, 80% load,
+    # max_num_batched_tokens 2048) it lowered SLA attainment (engine scheduling 0.854 -> 0.777, with the
+    # controller 0.869 -> 0.831; equal at a budget of 1024): with slack no longer ample, the choice
+    # follows each replica's noisy predicted speed rather than its load, and when the residents' harm
+    # makes every replica infeasible a standard request goes where the harm is least, piling up there.
     prefill_aware: bool = False
     min_retry_s: float = 0.25  # a retry hint never asks for less (signals refresh about this often)
     max_retry_s: float = 30.0

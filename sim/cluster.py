@@ -7,6 +7,8 @@ goes to the first replica of the arm's ranking that has a free slot (Serve's max
 max_num_seqs); with none, it waits in the router's queue and is routed again whenever a slot frees, as
 Serve backs off and retries. The engine may still refuse it (KV exhausted): a 429 to the client.
 Failures kill a replica's requests and bring a fresh replica (new id, no stats yet) after a downtime.
+Replicas of a profile with a host block are placed `host.replicas` to a host, whose cores they share with
+the serving path (sim/host.py); a replacement takes its predecessor's place.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from deployments.replica_state import RecentRounds
 from dspark.draft_budget import DraftBudget
 from router.policy import Sla
 from sim.events import EventQueue
+from sim.host import Host
 from sim.profiles import Profile
 from sim.replica import Plan, SimReplica
 from sim.routing import PowerOfTwo, RoundRobin, SlaArm
@@ -85,9 +88,14 @@ class Cluster:
         self.replicas: list[SimReplica] = []  # the live fleet: a failed replica leaves it
         self._by_id: dict[str, SimReplica] = {}
         self._group_of: dict[str, Group] = {}
+        self._host_of: dict[str, Host] = {}
         for g, group in enumerate(config.fleet):
+            cost, host = group.profile.host, None
             for i in range(group.count):
-                self._add(group, f"{group.name or group.profile.name}-{g}.{i}")
+                replica = self._add(group, f"{group.name or group.profile.name}-{g}.{i}")
+                if cost is not None:
+                    host = Host(cost) if i % cost.replicas == 0 else host
+                    self._host_of[replica.replica_id] = host
         self._visible: dict[str, dict] = {}
         self._recent: dict[str, RecentRounds] = {}
         self._epoch: dict[str, int] = {}
@@ -163,6 +171,9 @@ class Cluster:
                 req.outcome, req.finish = "refused", self.q.now
                 return
             self.free_slots -= 1
+            host = self._host_of.get(replica_id)
+            if host is not None:
+                host.serve(self.q.now, requests=1)
             self.router.routed(replica_id, req, self.q.now)
             if not replica.stepping:
                 self._step(replica)
@@ -186,12 +197,22 @@ class Cluster:
             replica.stepping = False
             return
         replica.stepping = True
+        host = self._host_of.get(replica.replica_id)
+        if host is not None:
+            host.stepping += 1
+            plan.seconds *= host.stretch(self.q.now)
         self.q.after(plan.seconds, self._end_step, replica, plan, self._epoch.get(replica.replica_id, 0))
 
     def _end_step(self, replica: SimReplica, plan: Plan, epoch: int) -> None:
         if not replica.alive or epoch != self._epoch.get(replica.replica_id, 0):
-            return
+            return  # it died during the step (_fail took the step off its host)
+        host = self._host_of.get(replica.replica_id)
+        if host is not None:
+            host.stepping -= 1
+        tokens = replica.counters.generated_tokens
         _, done = replica.complete(plan, self.q.now)
+        if host is not None:
+            host.serve(self.q.now, tokens=replica.counters.generated_tokens - tokens)
         self.free_slots += len(done)
         for req in done:
             self.router.completed(replica.replica_id, req, self.q.now)
@@ -225,6 +246,9 @@ class Cluster:
             return
         replica = alive[f.replica % len(alive)]
         self.free_slots -= replica.profile.max_num_seqs - len(replica.seqs)
+        host = self._host_of.get(replica.replica_id)
+        if host is not None and replica.stepping:
+            host.stepping -= 1
         replica.fail(self.q.now)
         self._epoch[replica.replica_id] = -1
         self._visible.pop(replica.replica_id, None)
@@ -237,6 +261,8 @@ class Cluster:
     def _replace(self, dead: SimReplica) -> None:
         group = self._group_of[dead.replica_id]
         fresh = self._add(group, f"{dead.replica_id}~{len(self.retired)}")
+        if dead.replica_id in self._host_of:
+            self._host_of[fresh.replica_id] = self._host_of[dead.replica_id]
         self.free_slots += fresh.profile.max_num_seqs
         self._start_publishing(fresh)
         self._retry_waiting()

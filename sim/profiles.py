@@ -6,8 +6,9 @@ tokens over N decoding requests, n of them drafting, takes
     1 / SPS(B) + step_overhead + N request_overhead + B token_overhead
       + (draft_s_per_step + n draft_s_per_request, when anything is drafted)
 
-seconds, times the replica's slow-down factor and the profile's serving slowdown; a request reaches its
-replica `request_path_s` after it arrives. SPS(B) is the engine's own cost table class
+seconds, times the replica's slow-down factor; a request reaches its replica `request_path_s` after it
+arrives. A profile with a `host` block also shares its host's cores with the serving path (sim/host.py).
+SPS(B) is the engine's own cost table class
 (dspark.cost_table.CostTable: isotonic smoothing, linear interpolation) over the profile's points.
 Acceptance is per position: `acceptance[domain][j-1]` is the probability that drafted token j is
 accepted given tokens 1..j-1 were; confidences are taken as calibrated (equal to it).
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dspark.cost_table import CostTable
+from sim.host import HostCost
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 
@@ -41,10 +43,10 @@ class Profile:
     token_overhead_s: float = 0.0
     draft_s_per_step: float = 0.0
     draft_s_per_request: float = 0.0
-    # The serving path: seconds from the client to the replica (proxy, ingress, router), and how much
-    # slower the engine steps when served (processes sharing its cores) than alone.
+    # The serving path: its latency to the first token beside the engine's work (proxy, ingress, router,
+    # the stream's hops back), and the CPU it takes from the engines' host (None: its own CPUs).
     request_path_s: float = 0.0
-    serving_slowdown: float = 1.0
+    host: HostCost | None = None
     sources: tuple[str, ...] = ()
     assumptions: tuple[str, ...] = ()
     # Shared by every replica of this profile: the engine's table, and memoised verify-length choices.
@@ -111,7 +113,7 @@ def load(name_or_path: str | Path) -> Profile:
         draft_s_per_step=float(data.get("draft_s_per_step", 0.0)),
         draft_s_per_request=float(data.get("draft_s_per_request", 0.0)),
         request_path_s=float(data.get("request_path_s", 0.0)),
-        serving_slowdown=float(data.get("serving_slowdown", 1.0)),
+        host=HostCost.from_json(data.get("host")),
         sources=tuple(data.get("sources", ())),
         assumptions=tuple(data.get("assumptions", ())),
     )

@@ -57,10 +57,17 @@ def workload(rate: float = 20.0, seed: int = 3, duration: float = 10.0) -> Workl
     )
 
 
-def simulate(router: str = "sla", scheduler: str = "dspark", seed: int = 3, rate: float = 20.0, **kw):
+def simulate(
+    router: str = "sla",
+    scheduler: str = "dspark",
+    seed: int = 3,
+    rate: float = 20.0,
+    profile: Profile | None = None,
+    **kw,
+):
     requests = generate(workload(rate, seed))
     config = ClusterConfig(
-        fleet=[Group(small_profile(), 3, scheduler)],
+        fleet=[Group(profile or small_profile(), 3, scheduler)],
         classes=CLASSES,
         default_class="standard",
         router=router,

@@ -1,0 +1,288 @@
+"""What serving costs the host, per request and per token, and how CPU-bound work shares the cores.
+
+The simulator's replica model steps an engine as if it had its core to itself (sim/profiles/cpu_measured.json
+is the engine measured alone). On this machine the served stack also runs Serve's proxy, the ingress, Ray's
+own processes and the client on the same cores, and two replicas share two cores. This script measures
+those terms so the simulator's host model (sim/host.py) takes them as data:
+
+1. The validation's stack (bench/sim_validate.py: two demo target replicas with the DSpark drafter, one
+   ingress, OpenAI HTTP streaming) is started, left idle, then driven twice with the same prompts at the
+   same concurrency: once with max_tokens=1 and once with max_tokens=T. The CPU time (from /proc, so it
+   reads alike on a busy machine) of every process this run started is split into groups: proxy,
+   ingress, the replicas' engine threads (each replica's busiest thread: it steps the engine), the
+   replicas' other threads (Serve's request handling and streaming in the engine's process), Ray's other
+   processes, and the client (this process). Per request = the max_tokens=1 run's CPU over its
+   requests; per token = the difference between the two runs over the difference in generated tokens.
+   Idle = CPU per second with no traffic.
+2. Core sharing: k copies of one fixed CPU-bound job (a single-threaded torch matmul loop, the kind of
+   work a forward is) started together on this machine's cores; each copy's wall time against one copy
+   alone. With C cores and k > C runnable jobs, fair sharing predicts a stretch of k / C.
+
+    python bench/serving_cost.py [--quick] [--requests 24] [--max-tokens 48] [--concurrency 4]
+
+Writes bench/results/serving_cost.json (build/serving_cost_quick.json with --quick).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script from anywhere
+sys.path.insert(0, str(REPO / "bench"))
+
+from sim_validate import ENGINE, _free_port  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+# Ray process titles -> group; what is not named here and was started by this run is "ray_other".
+TITLES = {"ray::ProxyActor": "proxy", "Ingress": "ingress", "TargetReplica": "replica"}
+
+
+def _stat(path: str) -> tuple[int, float] | None:
+    """(parent pid, user + system CPU seconds) of a /proc stat file."""
+    try:
+        fields = Path(path).read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / TICK
+
+
+def cpu_by_group() -> dict[str, float]:
+    """CPU seconds so far of every process this run started (descendants of this one), by group; each
+    replica's threads are listed apart as "tid:<pid>/<tid>" (see split_engine)."""
+    parents, cmdlines = {}, {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        stat = _stat(f"/proc/{entry}/stat")
+        if stat is None:
+            continue
+        parents[int(entry)] = stat[0]
+        try:
+            cmdlines[int(entry)] = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            cmdlines[int(entry)] = ""
+
+    def ours(pid: int) -> bool:
+        while pid > 1:
+            if pid == os.getpid():
+                return True
+            pid = parents.get(pid, 1)
+        return False
+
+    groups = dict.fromkeys(("proxy", "ingress", "ray_other"), 0.0)
+    groups["client"] = time.process_time()
+    for pid, cmdline in cmdlines.items():
+        if pid == os.getpid() or not ours(pid):
+            continue
+        group = next(
+            (g for title, g in TITLES.items() if cmdline.startswith("ray::") and title in cmdline), None
+        )
+        if group != "replica":
+            groups[group or "ray_other"] += (_stat(f"/proc/{pid}/stat") or (0, 0.0))[1]
+            continue
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            groups[f"tid:{pid}/{tid}"] = (_stat(f"/proc/{pid}/task/{tid}/stat") or (0, 0.0))[1]
+    return groups
+
+
+def split_engine(spent: dict[str, float]) -> dict[str, float]:
+    """A run's CPU by group, each replica's threads summed into its engine thread and the rest. The engine
+    thread is the replica's busiest over the run (with one torch thread it runs every forward and draft;
+    Python 3.11 does not give threads OS names to tell it by)."""
+    out = {k: v for k, v in spent.items() if not k.startswith("tid:")}
+    out["engine"] = out["replica_other"] = 0.0
+    by_pid: dict[str, list[float]] = {}
+    for key, value in spent.items():
+        if key.startswith("tid:"):
+            by_pid.setdefault(key[4:].split("/")[0], []).append(value)
+    for threads in by_pid.values():
+        out["engine"] += max(threads)
+        out["replica_other"] += sum(threads) - max(threads)
+    return out
+
+
+def _diff(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return split_engine({k: after[k] - before.get(k, 0.0) for k in after})
+
+
+async def _drive(base_url: str, model: str, prompts: list[str], max_tokens: int, concurrency: int) -> int:
+    """Stream every prompt (ignore_eos: each runs to max_tokens); returns the tokens generated."""
+    import openai
+
+    # A client per event loop: its connections belong to the loop that opened them.
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=600)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(prompt: str) -> int:
+        async with gate:
+            stream = await client.completions.create(
+                model=model,
+                prompt=prompt,
+                max_tokens=max_tokens,
+                temperature=1.0,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"ignore_eos": True},
+                extra_headers={"x-sla-class": "standard"},
+            )
+            tokens = 0
+            async for chunk in stream:
+                if chunk.usage is not None:
+                    tokens = chunk.usage.completion_tokens
+            return tokens
+
+    try:
+        return sum(await asyncio.gather(*(one(p) for p in prompts)))
+    finally:
+        await client.close()
+
+
+def measure_serving(models: str, requests: int, max_tokens: int, concurrency: int, idle_s: float) -> dict:
+    import ray
+    from ray import serve
+    from transformers import AutoTokenizer
+
+    from deployments.app import build_app
+    from drafter_service.demo.corpus import heldout_prompts
+
+    target = (Path(models) / "target").resolve()
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    half = requests // 2
+    prompts = heldout_prompts("code", requests - half, 48, tokenizer) + heldout_prompts(
+        "prose", half, 48, tokenizer
+    )
+    port = _free_port()
+    ray.init(
+        include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}}, log_to_driver=False
+    )
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        app = {
+            "model": str(target),
+            "engine": ENGINE,
+            "num_replicas": 2,
+            "num_ingress_replicas": 1,
+            "torch_num_threads": 1,
+            "replica_num_cpus": 0.5,
+            "ingress_num_cpus": 0.25,
+        }
+        serve.run(build_app(app), name="servingcost", route_prefix="/")
+        base_url = f"http://127.0.0.1:{port}/v1"
+
+        def run(max_t: int) -> tuple[dict[str, float], int, float]:
+            before, start = cpu_by_group(), time.perf_counter()
+            tokens = asyncio.run(_drive(base_url, target.name, prompts, max_t, concurrency))
+            return _diff(cpu_by_group(), before), tokens, time.perf_counter() - start
+
+        run(2)  # warm every path (first-request imports, connections, the cost table)
+        before = cpu_by_group()
+        time.sleep(idle_s)  # a measurement window, not a wait for something to happen
+        idle = {k: v / idle_s for k, v in _diff(cpu_by_group(), before).items()}
+        short, short_tokens, short_wall = run(1)
+        long, long_tokens, long_wall = run(max_tokens)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    # Idle CPU runs under both runs alike: take it out before splitting per request and per token.
+    short = {k: v - idle[k] * short_wall for k, v in short.items()}
+    long = {k: v - idle[k] * long_wall for k, v in long.items()}
+    per_request = {k: v / requests for k, v in short.items()}
+    per_token = {k: (long[k] - short[k]) / (long_tokens - short_tokens) for k in long}
+    return {
+        "requests": requests,
+        "max_tokens": max_tokens,
+        "concurrency": concurrency,
+        "tokens": {"short": short_tokens, "long": long_tokens},
+        "wall_s": {"short": round(short_wall, 3), "long": round(long_wall, 3)},
+        "idle_cores": {k: round(v, 5) for k, v in idle.items()},
+        "cpu_s_per_request": {k: round(v, 6) for k, v in per_request.items()},
+        "cpu_s_per_token": {k: round(v, 6) for k, v in per_token.items()},
+    }
+
+
+def _job(iterations: int, start, out) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    a = torch.randn(192, 192)
+    start.wait()
+    t0 = time.perf_counter()
+    for _ in range(iterations):
+        a = torch.tanh(a @ a)
+    out.put(time.perf_counter() - t0)
+
+
+def measure_sharing(max_jobs: int, iterations: int) -> dict:
+    """Wall time of k identical single-threaded CPU-bound jobs run together, against one alone."""
+    ctx = multiprocessing.get_context("spawn")
+    walls = {}
+    for k in range(1, max_jobs + 1):
+        start, out = ctx.Event(), ctx.Queue()
+        procs = [ctx.Process(target=_job, args=(iterations, start, out)) for _ in range(k)]
+        for p in procs:
+            p.start()
+        time.sleep(1.0)  # let every copy import torch before the common start (not a wait on a result)
+        start.set()
+        times = [out.get() for _ in procs]
+        for p in procs:
+            p.join()
+        walls[k] = sum(times) / k
+    cores = os.cpu_count() or 1
+    return {
+        "cores": cores,
+        "iterations": iterations,
+        "alone_s": round(walls[1], 4),
+        "stretch": {k: round(w / walls[1], 4) for k, w in walls.items()},
+        "fair_share_prediction": {k: round(max(1.0, k / cores), 4) for k in walls},
+        "load_avg_1m": os.getloadavg()[0],
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a smoke run: 4 requests of 8 tokens, short sharing")
+    p.add_argument("--models", default="models")
+    p.add_argument("--requests", type=int, default=24)
+    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--idle-s", type=float, default=5.0)
+    p.add_argument("--sharing-iterations", type=int, default=3000)
+    p.add_argument("--skip-serving", action="store_true", help="only the core-sharing measurement")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.requests, args.max_tokens, args.concurrency, args.idle_s = 4, 8, 2, 1.0
+        args.sharing_iterations = 300
+    out = args.out or (
+        REPO / "build" / "serving_cost_quick.json"
+        if args.quick
+        else REPO / "bench" / "results" / "serving_cost.json"
+    )
+    start = time.time()
+    result = {
+        "command": "python bench/serving_cost.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "engine": ENGINE,
+        "sharing": measure_sharing(4, args.sharing_iterations),
+    }
+    if not args.skip_serving:
+        result["serving"] = measure_serving(
+            args.models, args.requests, args.max_tokens, args.concurrency, args.idle_s
+        )
+    result["load_avg_1m_at_end"] = os.getloadavg()[0]
+    result["wall_minutes"] = round((time.time() - start) / 60, 2)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
+    print("wrote", out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""A host's cores, shared by the engines placed on it and by the serving path's processes.
+
+A profile's step times are one engine measured alone on its core. Served, a host also runs Serve's proxy,
+the ingress, Ray's own processes and (in the validation) the client, and may run several engines on few
+cores. Linux shares the cores max-min fairly among runnable processes (bench/results/serving_cost.json,
+`sharing`). With `stepping` engines of the host stepping (a step counts itself) and the serving path's
+`path_processes` processes keeping `load` cores busy between them: when each of those wants no more than
+an equal share, cores / (stepping + path_processes), it gets all it wants and the engines share what is
+left, each at min(1, (cores - load) / stepping) of a core; otherwise every runnable process gets that
+equal share. A step runs 1 / (its engine's share) times longer than alone.
+The serving path's load is its measured CPU per request and per token (bench/serving_cost.py) at the
+host's recent rates (an exponentially decayed window of `window_s`), plus the stack's idle CPU (Ray,
+Serve's stats polling).
+
+The serving work inside a replica's own process (Serve's request handling and streaming each token out)
+shares that process's interpreter lock with the engine's thread, so it does not run beside the engine:
+it delays the engine's next step by its CPU time (SimReplica.serving_debt_s).
+
+The stretch is fixed when a step starts (a fluid approximation: a step that starts alone keeps its speed
+when another starts during it). GPU profiles have no host block: there the step runs on the accelerator
+and the serving path on the node's CPUs (the profile states it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class HostCost:
+    """Measured serving-path costs of a host (a profile's `host` block)."""
+
+    cores: int  # CPU cores the engines and the serving path share
+    replicas: int  # engines placed on one host (the measured layout)
+    idle_cores: float = 0.0  # CPU the served stack takes with no traffic (Ray, Serve's stats polling)
+    cpu_s_per_request: float = 0.0  # proxy, ingress, client and Ray per request, beside the engines
+    cpu_s_per_token: float = 0.0  # the same per generated token (one stream message each)
+    replica_cpu_s_per_request: float = 0.0  # in the replica's process, outside the engine's thread
+    replica_cpu_s_per_token: float = 0.0
+    path_processes: int = 1  # processes the serving path's load is spread over
+    window_s: float = 1.0  # how far back the serving path's load is averaged
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> HostCost | None:
+        if not data:
+            return None
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+class Host:
+    """One host's cores: the engines stepping on it and the serving path's recent CPU rate."""
+
+    __slots__ = ("cost", "stepping", "_work", "_at")
+
+    def __init__(self, cost: HostCost) -> None:
+        self.cost = cost
+        self.stepping = 0
+        self._work = 0.0  # serving-path CPU seconds, exponentially decayed to time _at
+        self._at = 0.0
+
+    def _decayed(self, now: float) -> float:
+        return self._work * math.exp(-(now - self._at) / self.cost.window_s) if now > self._at else self._work
+
+    def serve(self, now: float, requests: int = 0, tokens: int = 0) -> None:
+        """The serving path handled `requests` new requests and streamed `tokens` tokens at `now`."""
+        c = self.cost
+        self._work = self._decayed(now) + requests * c.cpu_s_per_request + tokens * c.cpu_s_per_token
+        self._at = max(self._at, now)
+
+    def load(self, now: float) -> float:
+        """Cores the serving path keeps busy now (its recent CPU rate plus the idle stack)."""
+        return self.cost.idle_cores + self._decayed(now) / self.cost.window_s
+
+    def stretch(self, now: float) -> float:
+        """How much longer than alone a step starting now runs (with `stepping` counting it)."""
+        load, cores, stepping = self.load(now), self.cost.cores, self.stepping
+        equal = cores / (stepping + self.cost.path_processes)
+        if load / self.cost.path_processes <= equal:
+            return max(1.0, stepping / (cores - load))
+        return max(1.0, 1.0 / equal)

@@ -1,0 +1,139 @@
+"""The host model (sim/host.py): serving work in the replica's process delays its steps, the serving
+path's load and the other engines stretch them when the host's cores are short, and nothing changes when
+they are not."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from sim.cluster import Cluster, ClusterConfig, Failure, Group
+from sim.host import Host, HostCost
+from sim.profiles import load
+from sim.workload import Request
+from tests.sim.test_simulator import CLASSES, simulate, small_profile
+
+
+def one_request(host: HostCost | None, output: int = 40) -> Request:
+    """One request alone on one plain-decoding replica (one token per step: no randomness)."""
+    req = Request(
+        rid=0, arrival=0.0, prompt_tokens=32, max_tokens=output, sla_class="standard", domain="easy"
+    )
+    config = ClusterConfig(
+        fleet=[Group(small_profile(host=host), 1, "plain", drafting=False)],
+        classes=CLASSES,
+        default_class="standard",
+        router="pow2",
+    )
+    Cluster(config, [req]).run(100.0)
+    assert req.outcome == "done" and req.generated == output
+    return req
+
+
+def tpot(req: Request) -> float:
+    return (req.finish - req.first_token) / (req.generated - 1)
+
+
+def test_a_requests_tpot_grows_by_the_replicas_serving_cost_per_token_and_its_ttft_by_the_per_request_cost():
+    alone = one_request(None)
+    served = one_request(
+        HostCost(cores=8, replicas=1, replica_cpu_s_per_request=0.004, replica_cpu_s_per_token=0.003)
+    )
+    assert tpot(served) == pytest.approx(tpot(alone) + 0.003, abs=1e-12)
+    assert served.first_token == pytest.approx(alone.first_token + 0.004, abs=1e-12)
+
+
+def test_a_host_with_cores_to_spare_changes_nothing():
+    alone = one_request(None)
+    roomy = one_request(HostCost(cores=2, replicas=1, idle_cores=1.0, cpu_s_per_token=0.0))
+    assert (roomy.first_token, roomy.finish) == (alone.first_token, alone.finish)
+
+
+def test_the_serving_paths_load_stretches_steps_by_demand_over_cores():
+    alone = one_request(None)
+    # One core, one engine stepping, an idle stack keeping one core busy: every step takes twice as long.
+    shared = one_request(HostCost(cores=1, replicas=1, idle_cores=1.0))
+    assert shared.first_token == pytest.approx(2 * alone.first_token, rel=1e-12)
+    assert tpot(shared) == pytest.approx(2 * tpot(alone), rel=1e-12)
+
+
+def test_serving_load_is_its_cpu_at_the_recent_rate_and_decays():
+    host = Host(
+        HostCost(
+            cores=2,
+            replicas=2,
+            idle_cores=0.1,
+            cpu_s_per_request=0.01,
+            cpu_s_per_token=0.002,
+            path_processes=2,
+        )
+    )
+    host.serve(1.0, requests=2, tokens=40)  # 0.02 + 0.08 CPU seconds
+    assert host.load(1.0) == pytest.approx(0.1 + 0.1)
+    assert host.load(2.0) == pytest.approx(0.1 + 0.1 / math.e)
+    host.stepping = 2  # the serving path gets its 0.2 cores, the two engines share the 1.8 left
+    assert host.stretch(1.0) == pytest.approx(2 / 1.8)
+    host.stepping = 1
+    assert host.stretch(1.0) == 1.0  # demand 1.2 of 2 cores: no stretch
+    host.serve(1.0, tokens=1000)  # its 2 processes now want 1.1 cores each: all 3 runnable get an equal share
+    assert host.stretch(1.0) == pytest.approx(3 / 2)
+
+
+def test_replicas_share_a_host_as_the_profile_places_them_and_a_replacement_takes_its_place():
+    cost = HostCost(cores=2, replicas=2)
+    config = ClusterConfig(
+        fleet=[Group(small_profile(host=cost), 5)],
+        classes=CLASSES,
+        default_class="standard",
+        failures=(Failure(1.0, 0, 1.0),),
+    )
+    cluster = Cluster(config, [])
+    hosts = [cluster._host_of[r.replica_id] for r in cluster.replicas]
+    assert (
+        hosts[0] is hosts[1]
+        and hosts[2] is hosts[3]
+        and hosts[4] not in hosts[:4]
+        and hosts[1] is not hosts[2]
+    )
+    cluster.run(5.0)
+    fresh = next(r for r in cluster.replicas if "~" in r.replica_id)
+    assert cluster._host_of[fresh.replica_id] is hosts[0]
+    assert all(h.stepping == 0 for h in hosts)  # every step ended, the dead one's too
+
+
+def test_with_a_host_the_run_is_still_conserved_and_deterministic_under_a_seed():
+    cost = HostCost(
+        cores=2,
+        replicas=3,
+        idle_cores=0.2,
+        cpu_s_per_request=0.01,
+        cpu_s_per_token=0.001,
+        replica_cpu_s_per_request=0.002,
+        replica_cpu_s_per_token=0.0005,
+    )
+
+    def fingerprint(seed):
+        cluster, requests = simulate("sla", seed=seed, profile=small_profile(host=cost))
+        assert all(r.outcome in ("done", "refused", "shed") for r in requests)
+        done = [r for r in requests if r.outcome == "done"]
+        generated = sum(x.counters.generated_tokens for x in cluster.all_replicas())
+        assert generated == sum(r.generated for r in done)
+        return [(r.outcome, r.replica, r.first_token, r.finish) for r in requests]
+
+    assert fingerprint(5) == fingerprint(5)
+    assert fingerprint(5) != fingerprint(6)
+
+
+def test_the_measured_cpu_profile_has_a_host_and_the_gpu_profile_says_why_it_has_none():
+    cpu = load("cpu_measured")
+    assert cpu.host is not None and cpu.host.cores == 2 and cpu.host.cpu_s_per_token > 0
+    gpu = load("gpu_dsv4flash_rocm")
+    assert gpu.host is None
+    assert any("host" in a for a in gpu.assumptions)
+
+
+def test_a_profile_with_a_host_keeps_its_host_when_scaled():
+    cost = HostCost(cores=2, replicas=2, cpu_s_per_token=0.001)
+    assert dataclasses.replace(small_profile(host=cost)).scaled(2.0).host == cost

@@ -48,8 +48,12 @@ ENGINE = {
 }
 
 
-def validate(models: str, quick: bool = False, drafter: str = "dspark") -> dict:
-    """`drafter` other than dspark (ngram) serves a target without trained drafters: a smoke run only."""
+def validate(
+    models: str, quick: bool = False, drafter: str = "dspark", real_from: dict | None = None
+) -> dict:
+    """`drafter` other than dspark (ngram) serves a target without trained drafters: a smoke run only.
+    `real_from`: an earlier result of this function whose real figures are taken instead of running the
+    real stack again (the simulator's half recomputed against the same seeded workload)."""
     target = Path(models) / "target"
     if not (target / "config.json").is_file() or (
         drafter == "dspark" and not (Path(models) / "drafters" / "dspark").is_dir()
@@ -74,23 +78,42 @@ def validate(models: str, quick: bool = False, drafter: str = "dspark") -> dict:
     )
     trace = generate(work)
     prompts = _prompts(target, trace)
-    real = _run_real(target, trace, prompts, engine)
-    table = _engine_table()
-    simulated = _run_sim(trace, table)
     classes = CLASSES["cpu_measured"]
-    r = summarize(real, classes, warmup, duration)
-    s = summarize(simulated, classes, warmup, duration)
+    shape = {"rate": rate, "duration_s": duration, "requests": len(trace), "seed": work.seed}
+    if real_from is not None:
+        if real_from.get("workload") != shape:
+            raise ValueError(f"the earlier real run's workload {real_from.get('workload')} is not {shape}")
+        r = {m: real_from[m]["real"] for m in METRICS}
+        table = _engine_table(real_from.get("sps_table"))
+    else:
+        real = _run_real(target, trace, prompts, engine)
+        r = summarize(real, classes, warmup, duration)
+        table = _engine_table()
     out = {
-        "workload": {"rate": rate, "duration_s": duration, "requests": len(trace), "seed": work.seed},
+        "workload": shape,
         "drafter": drafter,
         "sps_table": table.get("path") if table else "profile's own (no engine table found)",
+        # The command that measured the real figures (this one, or the earlier run's with --sim-only).
+        "real_measured": real_from.get("real_measured", real_from.get("command"))
+        if real_from
+        else "this run",
     }
-    for m in METRICS:
-        a, b = r[m], s[m]
-        out[m] = {"real": a, "sim": b, "rel_diff": None if not a or b is None else round((b - a) / a, 4)}
+    # The model as it stands (the engines share the host with the serving path: sim/host.py), and the
+    # engine alone on its core (no host block), both against the same real figures.
+    for label, host in (("sim", True), ("sim_engine_alone", False)):
+        s = summarize(_run_sim(trace, table, host), classes, warmup, duration)
+        for m in METRICS:
+            a, b = r[m], s[m]
+            out.setdefault(m, {"real": a})[label] = b
+            out[m][f"rel_diff_{label}" if label != "sim" else "rel_diff"] = (
+                None if not a or b is None else round((b - a) / a, 4)
+            )
     diffs = [abs(v["rel_diff"]) for k, v in out.items() if k in METRICS and v["rel_diff"] is not None]
     out["max_abs_rel_diff"] = round(max(diffs), 4) if diffs else None
     out["within_15pct"] = bool(diffs) and max(diffs) <= 0.15
+    out["outside_15pct"] = [
+        m for m in METRICS if out[m]["rel_diff"] is not None and abs(out[m]["rel_diff"]) > 0.15
+    ]
     return out
 
 
@@ -177,10 +200,12 @@ async def _drive(client, model: str, requests: list[Request], prompts: list[str]
     await asyncio.gather(*(one(r, p) for r, p in zip(requests, prompts)))
 
 
-def _engine_table() -> dict | None:
-    """The SPS table the real replicas use: the newest cached table profiled for these engine settings."""
+def _engine_table(path: str | None = None) -> dict | None:
+    """The SPS table the real replicas use: the newest cached table profiled for these engine settings
+    (or the one at `path`, when it is still there)."""
     cache = Path(os.environ.get("DSPARK_CACHE_DIR") or Path.home() / ".cache" / "dspark")
-    for path in sorted(cache.glob("sps-*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
+    given = [Path(path)] if path and Path(path).is_file() else []
+    for path in given + sorted(cache.glob("sps-*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
         data = json.loads(path.read_text())
         engine = data.get("fingerprint", {}).get("engine", {})
         if (engine.get("max_seqs"), engine.get("gamma"), engine.get("coarse")) == (
@@ -192,9 +217,11 @@ def _engine_table() -> dict | None:
     return None
 
 
-def _run_sim(trace: list[Request], table: dict | None) -> list[Request]:
+def _run_sim(trace: list[Request], table: dict | None, host: bool = True) -> list[Request]:
     profile = load("cpu_measured")
-    profile = dataclasses.replace(profile, max_num_seqs=ENGINE["max_num_seqs"], cache={})
+    profile = dataclasses.replace(
+        profile, max_num_seqs=ENGINE["max_num_seqs"], host=profile.host if host else None, cache={}
+    )
     if table is not None:
         profile = dataclasses.replace(
             profile,
@@ -226,13 +253,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--models", default="models")
     p.add_argument("--drafter", default="dspark", help="ngram: a stack without trained drafters (smoke)")
     p.add_argument("--out", type=Path, default=None, help="bench/results (build/sim_quick with --quick)")
+    p.add_argument(
+        "--sim-only",
+        action="store_true",
+        help="keep the real figures of OUT/sim_validate.json (same workload) and rerun only the simulator",
+    )
     args = p.parse_args(argv)
     out = args.out or (REPO / "build" / "sim_quick" if args.quick else REPO / "bench" / "results")
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
-    result = validate(args.models, quick=args.quick, drafter=args.drafter)
+    real_from = json.loads((out / "sim_validate.json").read_text()) if args.sim_only else None
+    result = validate(args.models, quick=args.quick, drafter=args.drafter, real_from=real_from)
     result["wall_minutes"] = round((time.time() - start) / 60, 2)
     result["command"] = "python bench/sim_validate.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if result.get("real_measured") == "this run":
+        result["real_measured"] = result["command"]
     (out / "sim_validate.json").write_text(json.dumps(result, indent=1))
     report = out / "sim.json"
     if report.is_file():

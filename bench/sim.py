@@ -1,7 +1,7 @@
 """The cluster simulator's benchmark: routing x budget arms at GPU scale, the router's cost at 1,000 replicas,
 and validation of the simulator against real Ray Serve on this machine.
 
-    python bench/sim.py --skip-validation    # the simulation (estimated 12-16 min on an idle 2-core machine)
+    python bench/sim.py --skip-validation    # the simulation (see the Makefile's `sim` for its run time)
     python bench/sim_validate.py             # then the validation, into the same sim.json (about 5 min)
     python bench/sim.py                      # both in one go
     python bench/sim.py --quick              # a smoke run: tiny fleets, seconds of simulated time
@@ -9,7 +9,9 @@ and validation of the simulator against real Ray Serve on this machine.
 Arms: routers {pow2 (Ray Serve's default), round_robin, sla (router/)} x budgets {fixed (a block of gamma
 verified every round), engine (the DSpark scheduler alone), controller (controller/'s policy, when that
 package exists)} on the GPU-class profile, at `--replicas` (100 and 1,000) and loads from 50% to 110% of
-the fleet's plain-decoding capacity (sim/scenario.py). Scale: the SLA router's decision time at 1,000
+the fleet's plain-decoding capacity (sim/scenario.py): every arm at every load at 100 replicas, the key
+arms at 80% at 1,000 (each 1,000-replica run costs ten 100-replica ones); what ran is in the JSON's
+`settings`. Scale: the SLA router's decision time at 1,000
 replicas (sampled candidates, as the simulator routes, and scoring every replica, for contrast) and the
 wall time of a 1,000-replica trace. Validation: one seeded workload on the real demo stack (two replicas,
 OpenAI HTTP, streaming) and in the simulator with this machine's profile, whose SPS table is replaced by
@@ -54,9 +56,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="a smoke run with tiny settings")
     p.add_argument("--profile", default="gpu_dsv4flash_rocm")
     p.add_argument("--replicas", default="100,1000")
-    p.add_argument("--loads", default="0.5,0.8,1.1")
+    p.add_argument("--loads", default="0.5,0.8,0.95,1.1")
     p.add_argument("--loads-1000", default="0.8", help="loads at the largest fleet (each run is long)")
-    p.add_argument("--duration", type=float, default=60.0, help="simulated seconds of arrivals")
+    p.add_argument("--duration", type=float, default=40.0, help="simulated seconds of arrivals")
+    p.add_argument("--warmup", type=float, default=10.0, help="simulated seconds not scored")
+    p.add_argument("--drain", type=float, default=20.0, help="simulated seconds after the last arrival")
     p.add_argument("--duration-1000", type=float, default=20.0)
     p.add_argument(
         "--max-num-batched-tokens",
@@ -110,8 +114,8 @@ def arms(args: argparse.Namespace) -> list[dict]:
                 scheduler=budget,
                 load=load,
                 duration_s=duration,
-                warmup_s=min(10.0, duration / 4),
-                drain_s=min(args.drain_1000 if largest else 30.0, 2 * duration),
+                warmup_s=min(args.warmup, duration / 4),
+                drain_s=min(args.drain_1000 if largest else args.drain, 2 * duration),
                 max_num_batched_tokens=args.max_num_batched_tokens,
             )
             for router in ROUTERS
@@ -186,6 +190,28 @@ def scale(args: argparse.Namespace) -> dict:
         "extrapolated": args.scale_duration < 600.0,
         "events": result["events"],
         "requests": result["summary"]["requests"],
+    }
+
+
+def settings(args: argparse.Namespace, results: list[dict]) -> dict:
+    """What ran: per fleet, its arms, loads and simulated seconds, and the CPU the runs took."""
+    fleets: dict[int, dict] = {}
+    for r in results:
+        s = r["scenario"]
+        f = fleets.setdefault(s["replicas"], {"arms": [], "loads": [], "runs": 0, "cpu_s": 0.0})
+        arm = f"{s['router']}+{s['scheduler']}"
+        f["arms"] += [arm] if arm not in f["arms"] else []
+        f["loads"] += [s["load"]] if s["load"] not in f["loads"] else []
+        f.update(duration_s=s["duration_s"], warmup_s=s["warmup_s"], drain_s=s["drain_s"])
+        f["runs"] += 1
+        f["cpu_s"] = round(f["cpu_s"] + r.get("cpu_s", 0.0), 1)
+    return {
+        "profile": args.profile,
+        "fleets": {str(n): {**f, "loads": sorted(f["loads"])} for n, f in sorted(fleets.items())},
+        "workers": args.workers,
+        "scale_duration_s": None if args.skip_scale else args.scale_duration,
+        "max_num_batched_tokens": args.max_num_batched_tokens or "profile's",
+        "quick": args.quick,
     }
 
 
@@ -269,7 +295,12 @@ def main(argv: list[str] | None = None) -> None:
     results = arms(args)
     report = {
         "command": "python bench/sim.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "machine": {"platform": platform.platform(), "python": platform.python_version()},
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+        },
+        "settings": settings(args, results),
         "budgets": budgets(),
         "arms": results,
         "summary": summary(results),

@@ -148,10 +148,10 @@ def run(scenario: Scenario, tick: Callable[[float], None] | None = None) -> dict
     config, workload, capacity = scenario.build()
     requests = generate(workload)
     cluster = Cluster(config, requests)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     with few_collections():
         cluster.run(scenario.duration_s + scenario.drain_s, tick)
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     summary = summarize(requests, config.classes, scenario.warmup_s, scenario.duration_s)
     result = {
         "scenario": {**scenario.__dict__, "workload": dict(scenario.workload)},
@@ -159,6 +159,7 @@ def run(scenario: Scenario, tick: Callable[[float], None] | None = None) -> dict
         "offered_rps": round(workload.rate, 4),
         "summary": summary,
         "wall_s": round(wall, 3),
+        "cpu_s": round(cpu, 3),  # this process's CPU: what the run costs, alike on a busy machine
         "events": cluster.q.processed,
         "timeline": cluster.timeline.__dict__,
         "verify_per_round": _mean_verify(cluster),

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
-from bench.sim import goodput_at_sla, summary
+from bench.sim import goodput_at_sla, settings, summary
 from sim.__main__ import main, run_grid
 from sim.scenario import Scenario
 
@@ -58,3 +59,28 @@ def test_parallel_grid_gives_the_serial_results_in_order():
     for a, b in zip(serial, parallel):
         assert a["summary"] == b["summary"] and a["timeline"] == b["timeline"]
         assert a["summary"]["requests"] > 0
+
+
+def test_the_reports_settings_say_what_ran_per_fleet():
+    def row(replicas, router, scheduler, load, duration, cpu):
+        r = _row(router, scheduler, load, 0.0, 1.0, 0.0, replicas)
+        r["scenario"].update(duration_s=duration, warmup_s=duration / 4, drain_s=duration / 2)
+        return {**r, "cpu_s": cpu}
+
+    rows = [row(100, "pow2", "fixed", load, 40.0, 2.0) for load in (0.8, 0.5)]
+    rows += [row(100, "sla", "engine", 0.5, 40.0, 3.0), row(1000, "sla", "engine", 0.8, 20.0, 30.0)]
+    args = argparse.Namespace(
+        profile="p", workers=2, skip_scale=True, scale_duration=20.0, max_num_batched_tokens=None, quick=False
+    )
+    got = settings(args, rows)
+    assert got["fleets"]["100"] == {
+        "arms": ["pow2+fixed", "sla+engine"],
+        "loads": [0.5, 0.8],
+        "runs": 3,
+        "cpu_s": 7.0,
+        "duration_s": 40.0,
+        "warmup_s": 10.0,
+        "drain_s": 20.0,
+    }
+    assert got["fleets"]["1000"]["arms"] == ["sla+engine"] and got["fleets"]["1000"]["runs"] == 1
+    assert got["scale_duration_s"] is None and got["workers"] == 2

@@ -84,3 +84,25 @@ def test_the_reports_settings_say_what_ran_per_fleet():
     }
     assert got["fleets"]["1000"]["arms"] == ["sla+engine"] and got["fleets"]["1000"]["runs"] == 1
     assert got["scale_duration_s"] is None and got["workers"] == 2
+
+
+def test_the_summary_is_taken_on_the_fleet_that_ran_every_arm_and_repeated_for_the_largest():
+    rows = [
+        _row("pow2", "fixed", 0.8, 80.0, 0.5, 40.0),
+        _row("sla", "engine", 0.8, 80.0, 0.9, 72.0),
+        _row("sla", "controller", 0.8, 80.0, 0.95, 76.0),
+        _row("pow2", "fixed", 0.8, 800.0, 0.6, 480.0, replicas=1000),
+        _row("sla", "controller", 0.8, 800.0, 0.99, 792.0, replicas=1000),
+    ]
+    s = summary(rows)
+    assert (s["replicas"], s["goodput_ratio_vs_pow2_fixed_at_80pct"], s["attainment_at_80pct"]) == (
+        100,
+        1.9,
+        0.95,
+    )
+    big = s["largest_fleet"]
+    assert (big["replicas"], big["goodput_ratio_vs_pow2_fixed_at_80pct"], big["attainment_at_80pct"]) == (
+        1000,
+        1.65,
+        0.99,
+    )

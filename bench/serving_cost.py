@@ -19,8 +19,10 @@ those terms so the simulator's host model (sim/host.py) takes them as data:
    alone. With C cores and k > C runnable jobs, fair sharing predicts a stretch of k / C.
 
     python bench/serving_cost.py [--quick] [--requests 24] [--max-tokens 48] [--concurrency 4]
+    python bench/serving_cost.py --write-profile   # then: the measured host block into cpu_measured.json
 
-Writes bench/results/serving_cost.json (build/serving_cost_quick.json with --quick).
+Writes bench/results/serving_cost.json (build/serving_cost_quick.json with --quick); --write-profile
+derives sim/profiles/cpu_measured.json's `host` block and `request_path_s` from it and serve.json.
 """
 
 from __future__ import annotations
@@ -245,6 +247,41 @@ def measure_sharing(max_jobs: int, iterations: int) -> dict:
     }
 
 
+PATH_GROUPS = ("proxy", "ingress", "client", "ray_other")  # the serving path beside the replicas
+PROFILE = REPO / "sim" / "profiles" / "cpu_measured.json"
+
+
+def host_block(serving: dict, cores: int = 2, replicas: int = 2) -> dict:
+    """sim/host.py's HostCost fields from a `serving` measurement (negative noise taken as 0)."""
+    req, tok, idle = serving["cpu_s_per_request"], serving["cpu_s_per_token"], serving["idle_cores"]
+    return {
+        "cores": cores,
+        "replicas": replicas,
+        "idle_cores": round(sum(idle.values()), 4),
+        "cpu_s_per_request": round(sum(max(0.0, req[k]) for k in PATH_GROUPS), 5),
+        "cpu_s_per_token": round(sum(max(0.0, tok[k]) for k in PATH_GROUPS), 6),
+        "replica_cpu_s_per_request": round(max(0.0, req["replica_other"]), 5),
+        "replica_cpu_s_per_token": round(max(0.0, tok["replica_other"]), 6),
+        "path_processes": len(PATH_GROUPS),
+        "window_s": 1.0,
+    }
+
+
+def request_path_s(serve: dict, host: dict) -> float:
+    """TTFT over HTTP less offline at concurrency 1 (bench/serve.py), less the replica's per-request
+    serving CPU, which the host model already adds to the replica's next step."""
+    ttft = {(p["method"], p["concurrency"]): p["ttft_s"] for p in serve["points"]}
+    return round(ttft["http", 1] - ttft["offline", 1] - host["replica_cpu_s_per_request"], 4)
+
+
+def write_profile(measured: Path, serve: Path = REPO / "bench" / "results" / "serve.json") -> dict:
+    profile = json.loads(PROFILE.read_text())
+    profile["host"] = host_block(json.loads(measured.read_text())["serving"])
+    profile["request_path_s"] = request_path_s(json.loads(serve.read_text()), profile["host"])
+    PROFILE.write_text(json.dumps(profile, indent=1) + "\n")
+    return profile
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="a smoke run: 4 requests of 8 tokens, short sharing")
@@ -256,6 +293,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sharing-iterations", type=int, default=3000)
     p.add_argument("--skip-serving", action="store_true", help="only the core-sharing measurement")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument(
+        "--write-profile", action="store_true", help="only derive cpu_measured.json's host block from OUT"
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.requests, args.max_tokens, args.concurrency, args.idle_s = 4, 8, 2, 1.0
@@ -265,6 +305,10 @@ def main(argv: list[str] | None = None) -> None:
         if args.quick
         else REPO / "bench" / "results" / "serving_cost.json"
     )
+    if args.write_profile:
+        profile = write_profile(out)
+        print(json.dumps({"host": profile["host"], "request_path_s": profile["request_path_s"]}, indent=1))
+        return
     start = time.time()
     result = {
         "command": "python bench/serving_cost.py " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -5,7 +5,9 @@ they are not."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -137,3 +139,14 @@ def test_the_measured_cpu_profile_has_a_host_and_the_gpu_profile_says_why_it_has
 def test_a_profile_with_a_host_keeps_its_host_when_scaled():
     cost = HostCost(cores=2, replicas=2, cpu_s_per_token=0.001)
     assert dataclasses.replace(small_profile(host=cost)).scaled(2.0).host == cost
+
+
+def test_the_cpu_profiles_host_block_is_derived_from_the_committed_measurement():
+    from bench.serving_cost import host_block, request_path_s
+
+    root = Path(__file__).resolve().parents[2]
+    measured = json.loads((root / "bench" / "results" / "serving_cost.json").read_text())
+    serve = json.loads((root / "bench" / "results" / "serve.json").read_text())
+    profile = load("cpu_measured")
+    assert dataclasses.asdict(profile.host) == host_block(measured["serving"])
+    assert profile.request_path_s == request_path_s(serve, host_block(measured["serving"]))

@@ -19,8 +19,8 @@ class Reason(str, enum.Enum):
     DEAD_BAND = "dead_band"  # the target differs by too little to act on
     UNCONFIRMED = "awaiting_confirmation"  # a new target, seen in one window only
     NO_EVIDENCE = "no_evidence"  # too few verified drafts to judge acceptance: keep what is in force
-    SHRINK = "load_up_shrink"  # heavier load: fewer drafts pay
-    GROW = "load_down_grow"  # lighter load: more drafts pay (latency)
+    SHRINK = "load_up_shrink"  # a smaller budget at this load (heavier load: fewer drafts per request pay)
+    GROW = "load_down_grow"  # a larger budget at this load (lighter load, or caps set for a lighter one)
     SLA_PRIORITY = "sla_interactive_priority"  # batch requests' drafts cut so interactive ones meet TPOT
     SLA_RELEASE = "sla_priority_release"  # interactive TPOT met with margin: batch caps lifted
     COLLAPSE = "acceptance_collapse"  # rolling acceptance collapsed: drafting off

@@ -180,6 +180,7 @@ class Policy:
         inputs.update(
             best_drafts=plan.best_drafts,
             cap_drafts=plan.cap_drafts,
+            cap_depth=round(plan.cap_depth, 4),
             predicted_throughput=round(plan.best_throughput, 3),
             plain_throughput=round(plan.plain_throughput, 3),
         )

@@ -1,7 +1,8 @@
 """The two loops together: the engine's real Algorithm 1 (dspark.scheduler.schedule) every step inside the
 controller's caps every period. They must not fight: the caps settle and stay put while the engine keeps
 adapting inside them, and the engine under the caps loses at most the controller's slack against the
-engine alone. The engine here is the scheduler on seeded per-request confidences, no model."""
+engine alone. The engine here is the scheduler on seeded per-request confidences and the engine's own
+cost table, no model."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from dataclasses import replace
 import pytest
 from synthetic_telemetry import WINDOW, snap
 
-from controller import model
 from controller.decision import Caps
 from controller.policy import Policy, PolicyConfig
+from dspark.cost_table import CostTable
 from dspark.scheduler import schedule, survival
 
 PERIOD = 2.0
@@ -29,7 +30,10 @@ def expected_rate(survivals: list[list[float]], lengths: list[int], sps) -> floa
 def engine_steps(load: int, caps: Caps, rng: random.Random, alpha: float) -> tuple[float, float, int, int]:
     """STEPS_PER_PERIOD engine steps under `caps`: (tokens/s, tokens/s the engine alone would reach,
     drafts verified, steps where the step cap cut the engine's own choice)."""
-    sps = model.SpsCurve.of(snap(1, 0).sps_table)
+    # The engine reads its own table (linear in rate, as dspark/cost_table.py does), the controller plans
+    # with its smoothed step time (controller/model.py): the two need not agree for the loops to get on.
+    table = snap(1, 0).sps_table
+    sps = CostTable([b for b, _ in table], [r for _, r in table], max_tokens=table[-1][0])
     budget = caps.budget()
     per_request = WINDOW if budget["max_request_tokens"] is None else budget["max_request_tokens"]
     step_cap = load * WINDOW if budget["max_step_tokens"] is None else budget["max_step_tokens"]

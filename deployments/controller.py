@@ -111,16 +111,16 @@ class Controller:
         if self.recorder is not None:
             self.recorder.write(record.period(now, self.snapshots.values()))
         decisions = self.policy.decide(self.snapshots, now)
+        if not self.policy.paused:
+            await self._push(decisions)  # before the events: a decision carries what its replica refused
         with self._tracer.start_as_current_span("dspark.controller.period") as span:
             for d in decisions:
                 span.add_event("dspark.controller.decision", d.event_attributes())
                 if self.recorder is not None:
                     self.recorder.write(record.decision(now, d))
         self.decisions.extend(decisions)
-        if not self.policy.paused:
-            await self._push(decisions)
-            if self.settings.recalibrate:
-                await self._recalibrate()
+        if not self.policy.paused and self.settings.recalibrate:
+            await self._recalibrate()
         return decisions
 
     def _take(self, reading: dict, now: float) -> None:
@@ -149,6 +149,16 @@ class Controller:
                 timeout_s=self.period_s, return_exceptions=True
             )
             self._note_refusals("apply_caps", results)
+            by_replica = {d.replica_id: d for d in decisions}
+            for result in results:  # caps a replica cannot apply (SGLang): named in its decision, by reason
+                if (
+                    isinstance(result, dict)
+                    and result.get("refusals")
+                    and result.get("replica_id") in by_replica
+                ):
+                    by_replica[result["replica_id"]].inputs["refused"] = {
+                        r["field"]: r.get("reason", "refused") for r in result["refusals"]
+                    }
         slowdowns = {}
         for rid, snap in self.snapshots.items():
             refresh = self.drift.observe(rid, snap.forward_slowdown)
@@ -164,11 +174,21 @@ class Controller:
         """A replica that cannot apply a push (SGLang: deployments/sglang_replica.py) says which field and
         why; it keeps what it holds. Logged once per reason, and shown in the admin state."""
         for result in results:
-            if isinstance(result, dict) and result.get("refused"):
-                key = (result.get("replica_id", "?"), push)
-                if self.refusals.get(key) != result["refused"]:
-                    log.warning("replica %s refused %s: %s", key[0], push, result["refused"]["message"])
-                self.refusals[key] = result["refused"]
+            if not isinstance(result, dict):
+                continue
+            key = (result.get("replica_id", "?"), push)
+            refused = result.get("refusals") or ([result["refused"]] if result.get("refused") else [])
+            if not refused:
+                self.refusals.pop(key, None)
+                continue
+            why = {
+                "field": ", ".join(r["field"] for r in refused),
+                "message": "; ".join(r["message"] for r in refused),
+            }
+            why["reasons"] = {r["field"]: r.get("reason", "refused") for r in refused}
+            if self.refusals.get(key) != why:
+                log.warning("replica %s refused %s: %s", key[0], push, why["message"])
+            self.refusals[key] = why
 
     async def _recalibrate(self) -> None:
         if self.policy.period % REFIT_EVERY:

@@ -30,6 +30,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
+from dataclasses import asdict
 
 from opentelemetry import propagate, trace
 from ray import serve
@@ -80,6 +81,7 @@ class SGLangReplica:
         self._controller_mark = (0, 0, 0)  # (rounds, accepted, verified) at the controller's last reading
         self._stream_class: dict[str, str] = {}  # SGLang rid -> SLA class, in flight
         self._budget_frac: float | None = None
+        self._step_cap: tuple[int, int] | None = None  # (K, running) when the frac came from a step cap
         self._gamma: int | None = self.launch.gamma
         self._last_stats: dict = {}
         sps = self.launch.server_args.get("speculative_dspark_sps_table_path")
@@ -206,7 +208,7 @@ class SGLangReplica:
             "finished_requests": self._finished,
             "aborted_requests": self._aborted,
             "recent_tau": self._tau.update(self._rounds, self._accepted) if router else self._tau.tau,
-            "draft_budget": self._budget_in_force(self._budget_frac, self._gamma),
+            "draft_budget": self._in_force(),
             "sps_table": self._sps_table,
             "healthy": self._problem() is None,
             "replica_id": _replica_id(),
@@ -230,9 +232,12 @@ class SGLangReplica:
         gamma = await self._block_size()
         if self.config.engine.get("drafter") != "dspark" or gamma is None:
             if parsed.unlimited:
-                return self._budget_in_force(None, None)
+                return sglang_budget.in_force(None, None, self.launch.verify_mode, self._sps_profiled)
             raise _no_drafter()
-        frac = sglang_budget.force_budget_frac(parsed, gamma, self.launch.verify_mode, self._sps_profiled)
+        running = await self._running() if parsed.max_step_tokens else 0
+        frac = sglang_budget.force_budget_frac(
+            parsed, gamma, self.launch.verify_mode, self._sps_profiled, running
+        )
         if self.launch.verify_mode == "compact" and self._sps_profiled:
             from sglang.srt.managers.io_struct import SetInternalStateReq
 
@@ -242,7 +247,13 @@ class SGLangReplica:
             if not all(updated):
                 raise RuntimeError(f"SGLang did not apply {sglang_budget.KNOB}={frac} (per rank: {updated})")
             self._budget_frac = frac
-        return self._budget_in_force(self._budget_frac, gamma)
+            binds = parsed.max_step_tokens is not None and running > 0
+            self._step_cap = (parsed.max_step_tokens, running) if binds else None
+        return self._in_force()
+
+    async def _running(self) -> int:
+        loads = await asyncio.wait_for(self.tokenizer_manager.get_loads(), self.stats_timeout_s)
+        return sum(load.num_running_reqs for load in loads)
 
     # ---- the cluster controller's surface (deployments/controller.py) ----------------------------------
     # As TargetReplica's: caps arrive by broadcast and each replica takes its own entry. SGLang reports
@@ -270,36 +281,50 @@ class SGLangReplica:
         }
 
     async def apply_caps(self, budgets: dict[str, dict]) -> dict | None:
-        """Set this replica's budget if `budgets` (replica id -> budget) names it. What SGLang cannot apply
-        (sglang_budget.py) comes back as `refused`, naming the field, with the budget still in force."""
+        """Set this replica's budget if `budgets` (replica id -> budget) names it: what SGLang can apply is
+        applied (sglang_budget.py), each field it cannot comes back in `refusals` with a reason code, and
+        `draft_budget` is what is in force afterwards."""
         rid = _replica_id()
         if rid not in budgets:
             return None
         try:
-            return {"replica_id": rid, "draft_budget": await self.set_draft_budget(budgets[rid])}
+            parsed = DraftBudget.from_dict(budgets[rid])
         except InvalidRequestError as exc:
             return {
                 "replica_id": rid,
-                "refused": _refusal(exc.field, str(exc)),
+                "refusals": [_refusal(exc.field, str(exc))],
                 "draft_budget": self._in_force(),
             }
+        kept, refused = sglang_budget.split(parsed, self.launch.verify_mode, self._sps_profiled)
+        refusals = [r.to_dict() for r in refused]
+        try:
+            in_force = await self.set_draft_budget(asdict(kept))
+        except InvalidRequestError as exc:  # no drafter: nothing to apply
+            refusals.append(_refusal(exc.field, str(exc)))
+            in_force = self._in_force()
+        return {"replica_id": rid, "refusals": refusals, "draft_budget": in_force}
 
     async def set_sts_temperatures(self, temperatures: dict) -> dict:
         """Refused: SGLang 0.5.23 sets no confidence temperatures at runtime."""
-        return {"replica_id": _replica_id(), "refused": _refusal("sts_temperatures", NO_RUNTIME_STS)}
+        return {
+            "replica_id": _replica_id(),
+            "refused": _refusal("sts_temperatures", NO_RUNTIME_STS, "sglang_no_runtime_sts"),
+        }
 
     async def rescale_cost_table(self, slowdowns: dict[str, float]) -> dict | None:
         """Refused for this replica if `slowdowns` names it: SGLang reads its SPS table at start only."""
         rid = _replica_id()
         if rid not in slowdowns:
             return None
-        return {"replica_id": rid, "refused": _refusal("sps_table", NO_RUNTIME_SPS)}
+        return {
+            "replica_id": rid,
+            "refused": _refusal("sps_table", NO_RUNTIME_SPS, "sglang_sps_table_at_start_only"),
+        }
 
     def _in_force(self) -> dict:
-        return self._budget_in_force(self._budget_frac, self._gamma)
-
-    def _budget_in_force(self, frac: float | None, gamma: int | None) -> dict:
-        return sglang_budget.in_force(frac, gamma, self.launch.verify_mode, self._sps_profiled)
+        return sglang_budget.in_force(
+            self._budget_frac, self._gamma, self.launch.verify_mode, self._sps_profiled, self._step_cap
+        )
 
     async def _internal_state(self) -> list[dict]:
         return await asyncio.wait_for(self.tokenizer_manager.get_internal_state(), self.stats_timeout_s)
@@ -338,8 +363,8 @@ NO_RUNTIME_SPS = (
 )
 
 
-def _refusal(field: str, message: str) -> dict:
-    return {"field": field, "message": message}
+def _refusal(field: str, message: str, reason: str = "sglang_refused") -> dict:
+    return {"field": field, "reason": reason, "message": message}
 
 
 def _no_drafter() -> InvalidRequestError:

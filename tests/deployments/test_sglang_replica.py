@@ -174,7 +174,7 @@ def test_budget_moves_in_compact_mode_and_reads_back(make_replica):
         events = [e async for e in replica.generate([3], greedy(20), "b")]
         stats = await replica.record_routing_stats()
         with pytest.raises(InvalidRequestError) as step:
-            await replica.set_draft_budget({"max_step_tokens": 16})
+            await replica.set_draft_budget({"max_request_tokens_by_class": {"batch": 1}})
         cleared = await replica.set_draft_budget({})
         return applied, events[-1], stats, step.value, cleared
 
@@ -185,7 +185,7 @@ def test_budget_moves_in_compact_mode_and_reads_back(make_replica):
     assert applied["max_request_tokens"] == 2 and applied["sglang"]["dspark_force_budget_frac"] == frac
     assert stats["draft_budget"] == applied
     assert last.speculation.drafted_tokens == last.speculation.rounds * 2  # the stand-in obeyed frac
-    assert step.field == "max_step_tokens"
+    assert step.field == "max_request_tokens_by_class"
     assert cleared["sglang"]["dspark_force_budget_frac"] is None and cleared["max_request_tokens"] is None
 
 
@@ -233,7 +233,9 @@ def test_controller_reads_spec_windows_and_caps_apply_or_are_refused_by_field(ma
         after = await replica.controller_snapshot()
         again = await replica.controller_snapshot()
         applied = await replica.apply_caps({"local": {"max_request_tokens": 2}, "other": {}})
-        refused = await replica.apply_caps({"local": {"max_step_tokens": 8, "max_request_tokens": None}})
+        refused = await replica.apply_caps(
+            {"local": {"max_request_tokens": 2, "max_request_tokens_by_class": {"batch": 1}}}
+        )
         ignored = await replica.apply_caps({"other": {"max_request_tokens": 1}})
         sts = await replica.set_sts_temperatures({0.0: [1.5] * GAMMA})
         table = await replica.rescale_cost_table({"local": 1.3})
@@ -255,15 +257,70 @@ def test_controller_reads_spec_windows_and_caps_apply_or_are_refused_by_field(ma
     assert view.classes == {} and len(view.acceptance) == GAMMA
 
     assert applied["draft_budget"]["max_request_tokens"] == 2
-    assert replica.engine.seen.internal_state_requests == [{"dspark_force_budget_frac": (2 + 1e-6) / GAMMA}]
+    assert applied["refusals"] == []
     assert (
-        refused["refused"]["field"] == "max_step_tokens" and "per-step cap" in refused["refused"]["message"]
+        replica.engine.seen.internal_state_requests == [{"dspark_force_budget_frac": (2 + 1e-6) / GAMMA}] * 2
     )
-    assert refused["draft_budget"] == applied["draft_budget"]  # it keeps what it held
+    (why,) = refused["refusals"]  # the class cap refused by reason, the request cap still applied
+    assert (why["field"], why["reason"]) == ("max_request_tokens_by_class", "sglang_no_class_budget")
+    assert refused["draft_budget"] == applied["draft_budget"]
     assert ignored is None
     assert sts["refused"]["field"] == "sts_temperatures" and "no runtime setter" in sts["refused"]["message"]
+    assert sts["refused"]["reason"] == "sglang_no_runtime_sts"
     assert table["refused"]["field"] == "sps_table" and "at start only" in table["refused"]["message"]
-    assert len(replica.engine.seen.internal_state_requests) == 1  # refusals never reached SGLang
+    assert table["refused"]["reason"] == "sglang_sps_table_at_start_only"
+    assert len(replica.engine.seen.internal_state_requests) == 2  # refusals never reached SGLang
+
+
+def test_a_step_cap_becomes_sglangs_budget_per_running_request(make_replica):
+    """SGLang has no fixed per-step cap; the controller's step cap K arrives as K tokens at the n requests
+    running then (frac = K / (n x gamma)), which SGLang's override scales with the batch. What it cannot
+    apply is refused field by field with a reason code, and the rest still applies."""
+    replica = make_replica()
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+
+    async def run():
+        idle = await replica.apply_caps({"local": {"max_step_tokens": 3}})  # nobody runs: binds nothing
+        streams = [asyncio.create_task(_drain(replica.generate([4, 2], params, f"s{i}"))) for i in range(2)]
+        await until(lambda: len(replica.engine.running) == 2)
+        capped = await replica.apply_caps(
+            {"local": {"max_step_tokens": 3, "max_request_tokens_by_class": {"b": 1}}}
+        )
+        off = await replica.apply_caps({"local": {"max_step_tokens": 0}})
+        ends = [(await s)[-1] for s in streams]
+        return idle, capped, off, ends
+
+    idle, capped, off, ends = asyncio.run(run())
+    assert (
+        idle["refusals"] == [] and idle["draft_budget"]["max_step_tokens"] is None
+    )  # cleared: re-sent later
+    frac = (3 + 1e-6) / (2 * GAMMA)
+    assert capped["draft_budget"]["max_step_tokens"] == 3
+    assert capped["draft_budget"]["sglang"]["dspark_force_budget_frac"] == frac
+    assert "3 at the 2 running" in capped["draft_budget"]["sglang"]["meaning"]
+    assert [(r["field"], r["reason"]) for r in capped["refusals"]] == [
+        ("max_request_tokens_by_class", "sglang_no_class_budget")
+    ]
+    assert [(r["field"], r["reason"]) for r in off["refusals"]] == [
+        ("max_step_tokens", "sglang_no_runtime_plain_decoding")
+    ]
+    assert off["draft_budget"]["sglang"]["dspark_force_budget_frac"] is None  # the rest: no limit
+    assert replica.engine.seen.internal_state_requests == [
+        {"dspark_force_budget_frac": None},
+        {"dspark_force_budget_frac": frac},
+        {"dspark_force_budget_frac": None},
+    ]
+    assert all(e.finish_reason == "length" for e in ends)
+
+
+def test_in_static_mode_every_cap_is_refused_as_ignored(make_replica):
+    replica = make_replica("static", True)
+    result = asyncio.run(replica.apply_caps({"local": {"max_step_tokens": 5, "max_request_tokens": 2}}))
+    assert [(r["field"], r["reason"]) for r in result["refusals"]] == [
+        ("max_step_tokens", "sglang_knob_ignored"),
+        ("max_request_tokens", "sglang_knob_ignored"),
+    ]
+    assert replica.engine.seen.internal_state_requests == []  # SGLang never asked
 
 
 async def _drain(stream) -> list:

@@ -6,7 +6,8 @@ load snapshots, `check_health` reports a stalled or exiting engine, `set_draft_b
 controller's actuator, and `__del__` shuts SGLang down after Serve's graceful drain. The cluster
 controller's methods (`controller_snapshot`, `apply_caps`, `set_sts_temperatures`,
 `rescale_cost_table`) are TargetReplica's, as far as SGLang can apply them at runtime: a cap or a
-push it cannot apply comes back as a refusal naming the field and why, never as a silent no-op.
+push it cannot apply comes back as a refusal naming the field, a reason code and why, never as a silent
+no-op; the rest of a budget still applies (a step cap as SGLang's budget per running request).
 
 The engine is `sglang.Engine` (TP 1: its scheduler and detokenizer are child processes of this replica)
 or `sglang.srt.ray.engine.RayEngine` (TP > 1: one scheduler actor per rank in this replica's placement

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from deployments.config import AppConfig
 from deployments.sglang_args import NOSET_CUDA_ENV, RAY_ENGINE, SINGLE_GPU_ENGINE, VERIFY_MODE_ENV, translate
-from deployments.sglang_budget import ROUNDING_GUARD, force_budget_frac, in_force
+from deployments.sglang_budget import ROUNDING_GUARD, force_budget_frac, in_force, split
 from deployments.sglang_events import ChunkReader, sampling_params, speculation
 from dspark.draft_budget import DraftBudget
 from dspark.errors import AdmissionError, InvalidRequestError, RequestFailedError
@@ -225,7 +225,7 @@ def test_budgets_that_limit_nothing_clear_the_override():
         (DraftBudget(max_request_tokens=3), "verify-all", "max_request_tokens", "without a profiled SPS"),
         (DraftBudget(max_step_tokens=8), "verify-all", "max_step_tokens", "(sglang.sps_table)"),
         (DraftBudget(max_step_tokens=8), "static", "max_step_tokens", "sglang.verify_mode: compact"),
-        (DraftBudget(max_step_tokens=8), "compact", "max_step_tokens", "no fixed per-step cap"),
+        (DraftBudget(max_step_tokens=0), "compact", "max_step_tokens", "(0, 1]"),
         (
             DraftBudget(max_request_tokens_by_class={"gold": 2}),
             "compact",
@@ -242,6 +242,35 @@ def test_budgets_sglang_cannot_apply_are_refused_by_field(budget, mode, field, w
     assert info.value.field == field and why in info.value.message
 
 
+@pytest.mark.parametrize(("step", "n"), [(s, n) for s in (1, 5, 13, 40, 97) for n in (1, 2, 3, 14, 48)])
+def test_a_step_cap_gives_that_many_tokens_at_the_requests_running_then(step, n):
+    frac = force_budget_frac(DraftBudget(max_step_tokens=step), 7, "compact", True, running=n)
+    if step >= n * 7:
+        assert frac is None  # the whole batch's drafts: no limit
+    else:
+        assert 0 < frac <= 1 and int(frac * n * 7) == step  # SGLang's own arithmetic
+    both = force_budget_frac(
+        DraftBudget(max_step_tokens=step, max_request_tokens=2), 7, "compact", True, running=n
+    )
+    assert both is None if min(step, 2 * n) >= 7 * n else int(both * n * 7) == min(step, 2 * n)
+    # With nobody running a step cap binds nothing; a request cap still does.
+    assert force_budget_frac(DraftBudget(max_step_tokens=step), 7, "compact", True, running=0) is None
+
+
+def test_split_applies_what_sglang_can_and_refuses_the_rest_with_reason_codes():
+    budget = DraftBudget(max_step_tokens=0, max_request_tokens=3, max_request_tokens_by_class={"b": 1})
+    kept, refused = split(budget, "compact", True)
+    assert kept == DraftBudget(max_request_tokens=3)
+    assert [(r.field, r.reason) for r in refused] == [
+        ("max_step_tokens", "sglang_no_runtime_plain_decoding"),
+        ("max_request_tokens_by_class", "sglang_no_class_budget"),
+    ]
+    kept, refused = split(DraftBudget(max_step_tokens=9, max_request_tokens=3), "static", True)
+    assert kept == DraftBudget() and {r.reason for r in refused} == {"sglang_knob_ignored"}
+    assert [r.field for r in refused] == ["max_step_tokens", "max_request_tokens"]
+    assert split(DraftBudget(max_step_tokens=9), "compact", True) == (DraftBudget(max_step_tokens=9), [])
+
+
 def test_the_budget_in_force_says_what_sglang_does():
     frac = force_budget_frac(DraftBudget(max_request_tokens=3), 7, "compact", True)
     state = in_force(frac, 7, "compact", True)
@@ -253,3 +282,6 @@ def test_the_budget_in_force_says_what_sglang_does():
     assert in_force(None, 7, "static", False)["sglang"]["meaning"] == "every drafted token is verified"
     assert "without a profiled SPS table" in in_force(None, 7, "compact", False)["sglang"]["meaning"]
     assert in_force(None, 7, "compact", True)["sglang"]["meaning"] == "SGLang's SPS-optimal budget"
+    stepped = in_force((10 + ROUNDING_GUARD) / 28, 7, "compact", True, step_cap=(10, 4))
+    assert stepped["max_step_tokens"] == 10 and stepped["max_request_tokens"] is None
+    assert "10 at the 4 running" in stepped["sglang"]["meaning"]

@@ -430,3 +430,45 @@ def test_served_through_ray_serve(sglang_app):
     )
     assert (stats["running_requests"], stats["finished_requests"], stats["backend"]) == (0, 1, "sglang")
     assert stats["recent_tau"] > 1 and stats["healthy"]
+
+
+class _Broadcast:
+    """The controller's broadcast handle over one in-process replica (no Serve: the class directly)."""
+
+    def __init__(self, replica) -> None:
+        self.replica = replica
+
+    def broadcast(self, method: str, *args):
+        replica = self.replica
+
+        class _Pending:
+            async def results_async(self, timeout_s: float, return_exceptions: bool):
+                return [await getattr(replica, method)(*args)]
+
+        return _Pending()
+
+
+def test_the_controllers_decision_names_what_the_sglang_replica_refused(make_replica, qwen3_dir, sps_table):
+    """The real Controller class over the SGLang replica (stand-in engine): a pinned budget with a step cap
+    and a class cap; the decision carries the class cap's refusal by reason code, the state lists it."""
+    from controller.decision import Caps
+    from deployments.controller import Controller
+
+    replica = make_replica()
+    config = app_config(qwen3_dir, "compact", sps_table, controller={"period_s": 1, "admin_tokens": ["t"]})
+
+    async def run():
+        cls = Controller.func_or_class
+        controller = cls.__new__(cls)
+        await cls.__init__(controller, _Broadcast(replica), config)  # Serve awaits an async __init__
+        controller._task.cancel()  # periods by hand
+        controller.policy.pins["local"] = Caps(max_step_tokens=3, by_class={"b": 1})
+        (decision,) = await controller.tick()
+        return controller, decision
+
+    controller, decision = asyncio.run(run())
+    assert decision.reason.value == "pinned"
+    assert decision.inputs["refused"] == {"max_request_tokens_by_class": "sglang_no_class_budget"}
+    (listed,) = controller.refusals.values()
+    assert listed["reasons"] == {"max_request_tokens_by_class": "sglang_no_class_budget"}
+    assert replica.engine.seen.internal_state_requests == [{"dspark_force_budget_frac": None}]  # nobody runs

@@ -13,11 +13,13 @@ import os
 from pathlib import Path
 
 from ray.serve import Application
+from ray.serve.config import BackpressureConfig
 
 from deployments import sglang_args
 from deployments.config import AppConfig
 from deployments.controller import Controller
 from deployments.ingress import Ingress
+from deployments.ingress_admission import MIN_RETRY_S
 from deployments.replica import TargetReplica
 from deployments.sglang_replica import SGLangReplica
 from dspark.errors import ModelLoadError
@@ -37,6 +39,8 @@ STREAMING_ENV = {
 # The same for Serve's proxies, which an app cannot configure: whoever starts Ray passes it to every Ray
 # process (`make serve` and bench/serve.py do, in ray.init's runtime_env).
 PROXY_ENV = {"RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
+# Calls an ingress replica serves besides the generation streams it admits.
+INGRESS_HEADROOM = 16
 # What the Serve config's grpc_options.grpc_servicer_functions must list for the gRPC surface.
 GRPC_SERVICERS = [
     "dspark_client.proto.add_GenerationServicer_to_server",
@@ -67,10 +71,9 @@ def build_app(args: dict | AppConfig) -> Application:
     # What only the ingress and the router read stays out of the replicas' arguments: changing the router
     # or the SLA classes restarts the ingress (cheap), never the replicas (their models stay loaded).
     replica_data = config.model_dump(exclude=ROUTING_FIELDS)
-    per_replica = config.max_ongoing_requests or max(e.max_num_seqs for e in config.engine_configs())
     replica = replica_class.options(
         **_replica_count(config.num_replicas, config.autoscaling_config),
-        max_ongoing_requests=per_replica,
+        max_ongoing_requests=config.replica_max_ongoing,
         health_check_period_s=config.health_check_period_s,
         health_check_timeout_s=config.health_check_timeout_s,
         graceful_shutdown_timeout_s=config.graceful_shutdown_timeout_s,
@@ -86,9 +89,13 @@ def build_app(args: dict | AppConfig) -> Application:
         )
     return Ingress.options(
         **_replica_count(config.num_ingress_replicas, config.ingress_autoscaling_config),
-        # Streams wait on the replicas, not on this process: let each hold every replica's requests.
-        max_ongoing_requests=per_replica * config.max_replicas + 16,
-        max_queued_requests=config.max_queued_requests,
+        # Streams wait on the replicas, not on this process: each ingress replica admits every replica's
+        # requests plus max_queued_requests itself (deployments/ingress_admission.py), and Serve lets
+        # that many reach it, with room for the calls that are no generation (health, model info, abort).
+        # Serve's own queue only holds those beyond that room; its overflow is a 429 too.
+        max_ongoing_requests=config.ingress_running + max(config.max_queued_requests, 0) + INGRESS_HEADROOM,
+        max_queued_requests=config.max_queued_requests or 1,  # Serve's must be -1 or positive
+        backpressure_config=BackpressureConfig(status_code=429, retry_after_s=MIN_RETRY_S),
         ray_actor_options={
             "num_cpus": config.ingress_num_cpus,
             "runtime_env": {"env_vars": {**env, **STREAMING_ENV}},

@@ -282,6 +282,16 @@ class AppConfig(BaseModel):
         return AutoscalingConfig(**self.autoscaling_config).max_replicas
 
     @property
+    def replica_max_ongoing(self) -> int:
+        """Requests one target replica runs at once (Serve's max_ongoing_requests for it)."""
+        return self.max_ongoing_requests or max(e.max_num_seqs for e in self.engine_configs())
+
+    @property
+    def ingress_running(self) -> int:
+        """Streams one ingress replica can have running on the target replicas at once."""
+        return self.replica_max_ongoing * self.max_replicas
+
+    @property
     def max_ingress_replicas(self) -> int:
         """The most ingress replicas this app runs at once."""
         if self.ingress_autoscaling_config is None:

@@ -29,6 +29,7 @@ import json
 import logging
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -40,6 +41,7 @@ from opentelemetry.trace import SpanKind
 from deployments.config import AppConfig
 from deployments.errors import UnauthorizedError, classify, unwrap
 from deployments.events import StreamEvent
+from deployments.ingress_admission import IngressAdmission, Slot
 from deployments.telemetry import setup_process
 from deployments.validation import GenerationRequest, Limits
 from dspark.errors import InvalidRequestError
@@ -72,6 +74,7 @@ class Stream:
     _source: object  # DeploymentResponseGenerator
     span: RequestSpan | None = None
     route: dict | None = None  # the SLA router's decision (router/policy.py Decision.to_dict)
+    slot: Slot | None = None  # its place at this ingress (deployments/ingress_admission.py)
 
     async def events(self) -> AsyncIterator[StreamEvent]:
         last = self.first
@@ -88,6 +91,8 @@ class Stream:
             fail_span(self.span, exc)
             raise
         finally:
+            if self.slot is not None:
+                self.slot.release()
             if not last.finished:
                 self._source.cancel()  # the client left: the replica aborts and frees the KV blocks
             if self.span is not None and last.finished:
@@ -117,6 +122,8 @@ class Frontend:
         self.tokenizer = AutoTokenizer.from_pretrained(config.engine_config().model, trust_remote_code=False)
         self._tokenize_pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="tokenize")
         self._info: dict | None = None
+        queued = None if config.max_queued_requests < 0 else config.max_queued_requests
+        self.admission = IngressAdmission(config.ingress_running, queued)
         self.telemetry = setup_process("ingress")
 
     async def model_info(self) -> dict:
@@ -147,9 +154,24 @@ class Frontend:
         span: RequestSpan | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> Stream:
-        """Validate against the model, then admit the request on a replica and await its first event.
+        """Take a place at this ingress (or refuse with 429), validate against the model, then admit
+        the request on a replica and await its first event. The Stream gives the place back when it
+        ends, or when it is collected unread (a client gone before its response started).
 
         `headers`: the HTTP headers or gRPC metadata (lower-case names), for the SLA headers."""
+        slot = self.admission.enter()
+        try:
+            stream = await self._open(req, span, headers)
+        except BaseException:
+            slot.release()
+            raise
+        stream.slot = slot
+        weakref.finalize(stream, slot.release)
+        return stream
+
+    async def _open(
+        self, req: GenerationRequest, span: RequestSpan | None, headers: Mapping[str, str] | None
+    ) -> Stream:
         if span is not None:
             span.set_request(req.params, req.model)
         if req.model is not None and req.model != self.model_name:

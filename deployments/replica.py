@@ -67,6 +67,7 @@ class TargetReplica:
         self._recent = replica_state.RecentRounds()
         self._forwards = replica_state.RecentForwards()
         self._last_stats: dict = {}
+        self._published = replica_state.Republisher()
         self.stats_timeout_s = CALL_TIMEOUT_S
         self._pending_snapshot: asyncio.Future | None = None  # at most one stats call queued at a time
         self._keepalive: asyncio.Task | None = None
@@ -172,8 +173,8 @@ class TargetReplica:
             del snap[name]
         snap["healthy"] = self.engine.is_healthy(self.config.stuck_after_s)
         snap["replica_id"] = _replica_id()
-        self._last_stats = snap
-        return snap
+        self._last_stats = self._published.publish(snap)
+        return self._last_stats
 
     async def _snapshot(self) -> dict:
         """The engine's state, read on its thread within `stats_timeout_s`. While a read is still

@@ -115,6 +115,31 @@ class TauWindow:
         return self.tau
 
 
+@dataclass
+class Republisher:
+    """Serve's controller pulls a replica's routing stats every `routing_stats_period_s` and sends them
+    on to every handle (each ingress' router, each proxy) whenever they differ from the last reading.
+    A reading of an unchanged replica differs only by its time, yet costs every ingress a broadcast to
+    receive. So an unchanged reading is published again as the previous one (no broadcast), until
+    that one is `max_age_s` old: a router then still sees it younger than it ranks as stale
+    (router/policy.py stale_after_s, at least 1 s) and the cluster controller's readings stay as
+    fresh. A changed reading goes out at once."""
+
+    max_age_s: float = 0.4
+    last: dict | None = None
+
+    def publish(self, reading: dict) -> dict:
+        last = self.last
+        if last is not None and reading["ts"] - last["ts"] < self.max_age_s and _same(reading, last):
+            return last
+        self.last = reading
+        return reading
+
+
+def _same(reading: dict, last: dict) -> bool:
+    return len(reading) == len(last) and all(k == "ts" or last.get(k) == v for k, v in reading.items())
+
+
 def draft_budget(engine: Engine) -> dict:
     """The draft budget in force (dspark.draft_budget.DraftBudget) as JSON-ready data."""
     budget = getattr(engine, "draft_budget", None)

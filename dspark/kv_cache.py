@@ -58,6 +58,7 @@ class PageManager:
         self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, held by no one; LRU first
         self.index = PrefixIndex() if prefix_caching else None
         self._clock = 0  # ticks on every use of a cached page: what "recently used" means
+        self._summary: tuple[tuple[int, int], dict] | None = None  # routing_summary at (index version, clock)
         self.evictions = 0  # cached pages dropped to make room
         self._seqs: dict[str, _Allocation] = {}
 
@@ -190,17 +191,24 @@ class PageManager:
     def routing_summary(self) -> dict:
         """What a router reads to predict the prefill this replica would skip for a prompt
         (dspark.prefix_cache.cached_prefix_tokens): the short hashes of the most recently used
-        cached pages among the first pages of prompts."""
+        cached pages among the first pages of prompts. Built again only once a page was cached, dropped
+        or used since the last one (the replica reads it every routing-stats period, mostly unchanged);
+        callers must not change it."""
         if self.index is None:
             return {"enabled": False}
+        at = (self.index.version, self._clock)
+        if self._summary is not None and self._summary[0] == at:
+            return self._summary[1]
         shallow = (e for e in self.index.entries() if e.depth < ROUTE_MAX_DEPTH)
         recent = heapq.nlargest(ROUTE_MAX_HASHES, shallow, key=lambda e: e.last_used)
-        return {
+        summary = {
             "enabled": True,
             "page_size": self.page_size,
             "cached_pages": len(self.index),
             "hashes": [route_hash(e.hash) for e in recent],
         }
+        self._summary = (at, summary)
+        return summary
 
     # ---- pages ----------------------------------------------------------------------------------
 

@@ -106,6 +106,7 @@ class PrefixIndex:
     def __init__(self) -> None:
         self._by_hash: dict[int, CachedPage] = {}
         self._by_page: dict[int, CachedPage] = {}
+        self.version = 0  # counts additions and removals: what a summary of the index was taken at
 
     def __len__(self) -> int:
         return len(self._by_page)
@@ -132,14 +133,17 @@ class PrefixIndex:
         if entry.hash in self._by_hash or entry.page in self._by_page:
             return False
         self._by_hash[entry.hash] = self._by_page[entry.page] = entry
+        self.version += 1
         return True
 
     def remove(self, page: int) -> CachedPage | None:
         entry = self._by_page.pop(page, None)
         if entry is not None:
             del self._by_hash[entry.hash]
+            self.version += 1
         return entry
 
     def clear(self) -> None:
         self._by_hash.clear()
         self._by_page.clear()
+        self.version += 1

@@ -11,10 +11,13 @@ import grpc
 import openai
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from serving import APP, ENGINE, Stack, own_stack
+from ray import serve
+from serving import APP, ENGINE, Stack, app_args, own_stack
+from test_admission import TIGHT, assert_ingress_full_is_a_429
 from test_openai_http import raw_post
 
 import dspark_client
+from deployments.app import build_app
 from deployments.direct_ingress import LOCAL_DIRECT_INGRESS_ENV, endpoints_of, wait_for_endpoints
 from dspark import LLM, SamplingParams
 from dspark_client.proto import GenerationStub
@@ -115,6 +118,17 @@ def test_full_kv_cache_is_a_429_with_retry_hint(direct):
         assert err.value.retry_after_s == 1.0 and "KV cache exhausted" in err.value.message
         assert holder.completion is None  # still running: the refusals were about its blocks
         holder.cancel()
+
+
+@pytest.mark.slow
+def test_full_ingress_is_a_429_with_retry_hint(direct):
+    # An app of its own, whose ingress replica gets direct ports of its own too.
+    serve.run(build_app(app_args(direct.model_dir, **TIGHT)), name="tight", route_prefix="/tight")
+    try:
+        found = wait_for_endpoints("tight", replicas=1, host="127.0.0.1")
+        assert_ingress_full_is_a_429(found.http[0], found.grpc[0], "/tight")
+    finally:
+        serve.delete("tight")
 
 
 @pytest.mark.slow

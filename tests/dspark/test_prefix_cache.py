@@ -177,3 +177,21 @@ def test_the_routing_summary_predicts_the_prefix_a_replica_holds():
     assert cached_prefix_tokens(SYSTEM, {"enabled": False}) == 0
     # What the router predicts is what the replica then reuses.
     assert len(pm.reserve("b", 20, SYSTEM + [9, 9, 9])) * SIZE == 12
+
+
+def test_the_routing_summary_is_built_again_only_after_a_change():
+    pm = PageManager(num_pages=16, page_size=SIZE, prefix_caching=True)
+    prefill(pm, "a", SYSTEM + [1, 2])
+    first = pm.routing_summary()
+    assert pm.routing_summary() is first  # nothing cached, dropped or used since: the same summary
+    pm.release("a")
+    prefill(pm, "b", [7] * 9)  # two pages of another prompt are cached: they lead the hashes
+    second = pm.routing_summary()
+    assert second is not first and second["cached_pages"] == 5 and second["hashes"][2:] == first["hashes"]
+    pm.reserve("c", 20, SYSTEM + [9])  # a hit uses cached pages: the most recent move to the front
+    third = pm.routing_summary()
+    assert third is not second and third["hashes"][0] in first["hashes"]
+    pm.release("b")
+    pm.release("c")
+    pm.clear_cache()
+    assert pm.routing_summary()["cached_pages"] == 0

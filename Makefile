@@ -32,6 +32,8 @@ bench: models
 	$(PY) bench/load.py --models $(MODELS) --reprofile
 	$(PY) bench/serve.py --model $(MODELS)/target --drafter dspark --num-speculative-tokens 7 --prompts 16 \
 		--max-tokens 64 --repeats 2 --direct-ingress
+	$(PY) bench/serve.py --model $(MODELS)/target --drafter dspark --num-speculative-tokens 7 --prompts 16 \
+		--max-tokens 64 --repeats 2 --out bench/results/serve_proxy.json
 	$(PY) bench/prefix.py --model $(MODELS)/target
 	$(PY) bench/route_decision.py
 	$(PY) bench/route_stats_cost.py --model $(MODELS)/target

@@ -22,7 +22,7 @@ those terms so the simulator's host model (sim/host.py) takes them as data:
     python bench/serving_cost.py --write-profile   # then: the measured host block into cpu_measured.json
 
 Writes bench/results/serving_cost.json (build/serving_cost_quick.json with --quick); --write-profile
-derives sim/profiles/cpu_measured.json's `host` block and `request_path_s` from it and serve.json.
+derives sim/profiles/cpu_measured.json's `host` block and `request_path_s` from it and serve_proxy.json.
 """
 
 from __future__ import annotations
@@ -267,14 +267,23 @@ def host_block(serving: dict, cores: int = 2, replicas: int = 2) -> dict:
     }
 
 
+# The validation's layout is the proxy path (bench/sim_validate.py); `make bench`'s serve.json measures the
+# direct-ingress path, so the proxy run is kept beside it
+# (bench/serve.py --out bench/results/serve_proxy.json).
+SERVE_PROXY = REPO / "bench" / "results" / "serve_proxy.json"
+
+
 def request_path_s(serve: dict, host: dict) -> float:
     """TTFT over HTTP less offline at concurrency 1 (bench/serve.py), less the replica's per-request
     serving CPU, which the host model already adds to the replica's next step."""
+    path = serve.get("config", {}).get("path", "proxy")
+    if path != "proxy":
+        raise ValueError(f"serve run measured the {path!r} path; the validation's layout is 'proxy'")
     ttft = {(p["method"], p["concurrency"]): p["ttft_s"] for p in serve["points"]}
     return round(ttft["http", 1] - ttft["offline", 1] - host["replica_cpu_s_per_request"], 4)
 
 
-def write_profile(measured: Path, serve: Path = REPO / "bench" / "results" / "serve.json") -> dict:
+def write_profile(measured: Path, serve: Path = SERVE_PROXY) -> dict:
     profile = json.loads(PROFILE.read_text())
     profile["host"] = host_block(json.loads(measured.read_text())["serving"])
     profile["request_path_s"] = request_path_s(json.loads(serve.read_text()), profile["host"])

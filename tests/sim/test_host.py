@@ -146,7 +146,7 @@ def test_the_cpu_profiles_host_block_is_derived_from_the_committed_measurement()
 
     root = Path(__file__).resolve().parents[2]
     measured = json.loads((root / "bench" / "results" / "serving_cost.json").read_text())
-    serve = json.loads((root / "bench" / "results" / "serve.json").read_text())
+    serve = json.loads((root / "bench" / "results" / "serve_proxy.json").read_text())
     profile = load("cpu_measured")
     assert dataclasses.asdict(profile.host) == host_block(measured["serving"])
     assert profile.request_path_s == request_path_s(serve, host_block(measured["serving"]))

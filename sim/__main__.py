@@ -139,13 +139,20 @@ def plot(results: list[dict], out: Path) -> list[Path]:
         s = r["scenario"]
         label = f"{s['router']} + {s['scheduler']}" + (f" ({s['replicas']})" if len(fleets) > 1 else "")
         arms.setdefault(label, []).append(r)
-    fig, ax = plt.subplots(figsize=(6, 4))
+    # Nine arms or more: colour by router, line by budget, marker by fleet, so no two arms look alike.
+    colours = {"pow2": "tab:green", "round_robin": "tab:purple", "sla": "tab:blue"}
+    lines = {"fixed": ":", "engine": "--", "controller": "-"}
+    markers = dict(zip(sorted(fleets), "os^Dv"))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, rows in sorted(arms.items()):
         rows = sorted(rows, key=lambda r: r["scenario"]["load"])
+        s = rows[0]["scenario"]
         ax.plot(
             [r["scenario"]["load"] for r in rows],
             [r["summary"]["attainment"] for r in rows],
-            "o-",
+            color=colours.get(s["router"]),
+            linestyle=lines.get(s["scheduler"], "-"),
+            marker=markers[s["replicas"]],
             label=name,
         )
     ax.set_xlabel("offered load (fraction of plain-decoding capacity)")

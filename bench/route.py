@@ -6,9 +6,9 @@ two settings:
                  scheduler fixed), replica 1 runs without speculation: one fast replica, one slow;
   uniform:       both replicas run the drafter (the control: a router should neither win nor lose).
 Arms (`router:` in the app config): pow2 (Serve's default), round_robin (Serve's), sla (ours). One arm
-at a time: the app is redeployed with that router (serve.run from Python gives every deploy a new code
-version, so the replicas restart too: each arm starts on fresh replicas, their SPS tables read from the
-cache), warmed up, then every load point runs --repeats times.
+at a time: the app is deleted and deployed again with that router (each arm starts on fresh replicas,
+their SPS tables read from the cache, the replicas' kinds checked against the setting), warmed up, then
+every load point runs --repeats times.
 
 Load (bench/route_workload.py): seeded open-loop Poisson arrivals for --window-s seconds per point, two
 SLA classes (interactive: tight targets, may be refused; batch: loose, never refused), log-normal prompt
@@ -53,6 +53,7 @@ from bench.route_workload import (  # noqa: E402
     SlaTarget,
     goodput,
     goodput_interpolated,
+    kinds_problem,
     mean_points,
     schedule,
     score,
@@ -154,13 +155,19 @@ def start_ray() -> str:
     return f"127.0.0.1:{port}"
 
 
-def deploy(args: dict) -> None:
-    """(Re)deploy the app and wait until it runs: a new router restarts only the ingress."""
+def deploy(args: dict, setting: str) -> None:
+    """Deploy the app afresh and wait until it runs. The old app goes first: a rolling redeploy lets Serve
+    hand the new replicas reused ranks (e.g. 0 and 2), and engine_by_rank would then build one kind twice."""
     from ray import serve
 
     from deployments.app import build_app
 
+    if APP in serve.status().applications:
+        serve.delete(APP)
     serve.run(build_app(args), name=APP, route_prefix="/")
+    problem = kinds_problem(setting, [r["kind"] for r in replica_report({}, replica_stats()).values()])
+    if problem:
+        raise RuntimeError(problem)
 
 
 def replica_stats() -> dict[str, dict]:
@@ -275,7 +282,7 @@ def run_setting(args, setting: str, target: str, pool: list[int], targets: list[
     output = Lengths(args.output_median, args.length_sigma, 2, 4 * int(args.output_median))
     # Capacity, under Serve's default router (the arms' loads are fractions of it); the pow2 arm then
     # runs on this deployment (it reads no SLA targets, so measuring them later changes nothing there).
-    deploy(app_args(args, setting, "pow2", targets))
+    deploy(app_args(args, setting, "pow2", targets), setting)
     calibration = schedule(1.0, 4000.0, targets, prompt, output, args.seed)  # only the requests count
     concurrency = 2 * args.max_num_seqs
     asyncio.run(closed_loop(target, pool, calibration, concurrency, 1.0))  # warm: first calls, tables
@@ -295,7 +302,7 @@ def run_setting(args, setting: str, target: str, pool: list[int], targets: list[
     }
     for arm in sorted(args.arms, key=lambda a: a != "pow2"):
         if arm != "pow2":
-            deploy(app_args(args, setting, arm, targets))
+            deploy(app_args(args, setting, arm, targets), setting)
             # Fresh replicas: warm them as the calibration warmed pow2's (first calls at full batch),
             # or the first arm alone would run on replicas that had a closed loop at capacity.
             asyncio.run(closed_loop(target, pool, calibration, concurrency, 1.0))

@@ -169,3 +169,12 @@ def mean_points(repeats: Sequence[Sequence[dict]]) -> list[dict]:
                 merged[key] = None if any(v is None for v in values) else value
         out.append(merged)
     return out
+
+
+def kinds_problem(setting: str, kinds: Sequence[str]) -> str | None:
+    """Why the replicas up are not the setting's mix, or None. Serve reuses released ranks during a rolling
+    redeploy, so ranks {0, 2} can come up and engine_by_rank would give both replicas rank 0's engine."""
+    expected = ["drafter", "plain"] if setting == "heterogeneous" else ["drafter", "drafter"]
+    if sorted(kinds) != expected:
+        return f"{setting} setting expects replicas {expected}, got {sorted(kinds)}"
+    return None

@@ -11,6 +11,7 @@ from bench.route_workload import (
     SlaTarget,
     goodput,
     goodput_interpolated,
+    kinds_problem,
     mean_points,
     met,
     percentile,
@@ -118,3 +119,10 @@ def test_repeats_are_averaged_per_load_point():
         {"rate_rps": 2.0, "attainment": 0.9, "by": {"x": 0.75}, "p99": None},
         {"rate_rps": 4.0, "attainment": 0.6, "by": {"x": 0.5}, "p99": 10.0},
     ]
+
+
+def test_a_setting_whose_replicas_are_not_its_mix_is_refused():
+    assert kinds_problem("heterogeneous", ["plain", "drafter"]) is None
+    assert kinds_problem("uniform", ["drafter", "drafter"]) is None
+    assert "got ['drafter', 'drafter']" in kinds_problem("heterogeneous", ["drafter", "drafter"])
+    assert kinds_problem("uniform", ["drafter", "plain"]) is not None

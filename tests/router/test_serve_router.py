@@ -45,6 +45,12 @@ def routed(serve_stack):
     serve.run(build_app(args), name=ROUTED, route_prefix="/routed")
     handle = serve.get_deployment_handle("TargetReplica", ROUTED)
     wait_until(lambda: len(stats()) == 2 and all("sps_table" in s for s in stats().values()), what="stats")
+    # The replicas publish before this handle's router has heard of them (Serve's controller pulls the
+    # stats on its own period and broadcasts them): until it has, the router ranks them by its ledger
+    # alone ("unknown" tier) and cannot tell a full KV cache, which the tests below rely on.
+    wait_until(
+        lambda: router_knows_every_replica(handle), what="the handle's router to hold both replicas' stats"
+    )
     yield handle
     serve.delete(ROUTED)
 
@@ -62,6 +68,14 @@ def send(handle, prompt_tokens: int, max_tokens: int, sla: Sla = STANDARD):
         [5] * prompt_tokens, params, uuid.uuid4().hex, route=route
     )
     return route, stream
+
+
+def router_knows_every_replica(handle) -> bool:
+    """Whether a request's decision saw both replicas with stats (one short request, consumed)."""
+    route, stream = send(handle, 4, 1)
+    assert sum(len(event.token_ids) for event in stream) == 1
+    scores = decisions.pop(route.key)["scores"]
+    return len(scores) == 2 and all(score["tier"] != "unknown" for score in scores.values())
 
 
 def finished() -> dict[str, int]:

@@ -18,15 +18,17 @@ from dataclasses import replace
 
 import torch
 from ray import serve
+from ray.serve.schema import ReplicaRank
 
-from deployments import replica_control, replica_state, running
+from deployments import replica_control, replica_engine, replica_state, running
 from deployments.config import AppConfig
 from deployments.errors import classify
 from deployments.events import StreamEvent, coalesce_interval
 from deployments.telemetry import setup_process
 from deployments.tensor_parallel import KEEPALIVE_PERIOD_S
-from dspark.async_engine import CALL_TIMEOUT_S, AsyncEngine
+from dspark.async_engine import CALL_TIMEOUT_S
 from dspark.engine import Engine
+from dspark.errors import AdmissionError
 from dspark.sampling_params import SamplingParams
 from dspark.telemetry.engine_telemetry import EngineTelemetry
 from dspark.telemetry.semconv import TEXT_COMPLETION
@@ -34,6 +36,7 @@ from dspark.verify_policy import SCHEDULED_MODES
 from router.policy import Newcomer
 
 log = logging.getLogger(__name__)
+DRAIN_POLL_S = 0.05  # how often a rebuild checks whether the requests running here have finished
 
 
 @serve.deployment(name="TargetReplica")
@@ -42,36 +45,63 @@ class TargetReplica:
         self.config = AppConfig(**config)
         if self.config.torch_num_threads:
             torch.set_num_threads(self.config.torch_num_threads)
-        engine_config = self.config.engine_config(_replica_rank())
-        self._tp_group = None
-        if self.config.tensor_parallel_size > 1:
-            from deployments import tensor_parallel
-
-            engine, self._tp_group = tensor_parallel.start(
-                engine_config,
-                self.config.tensor_parallel_size,
-                self.config.torch_num_threads,
-                self.config.replica_num_cpus,
-            )
-        else:
-            engine = Engine(engine_config)
-        # The cluster controller's own window on acceptance (deployments/replica_control.py).
-        self._tap = replica_control.RoundTap(engine.gamma)
-        engine.round_observers.append(self._tap.observe)
-        # The SLA router predicts speed from SPS(B): profiled now (or read from the cache), before any
-        # request holds the KV cache, if the engine schedules without a table of its own.
-        self._routing_table = replica_state.routing_cost_table(engine)
-        self.engine = AsyncEngine(engine=engine)
         self.telemetry = setup_process("replica", prometheus=True)
-        self._telemetry = EngineTelemetry(self.telemetry, engine, self.config.model_name, _replica_id())
+        self._rank = _replica_rank()  # the Serve rank whose engine runs here
+        self._builds = 1  # engines built here: more than one when Serve moved the replica to another rank
+        self._rebuilding: str | None = None  # why new requests are refused while the engine is rebuilt
+        self._rebuild_lock = asyncio.Lock()
+        self.stats_timeout_s = CALL_TIMEOUT_S
+        self._keepalive: asyncio.Task | None = None
+        self._running = running.RunningRequests()
+        built = replica_engine.build(self.config, self.config.engine_config(self._rank))
+        self._telemetry = EngineTelemetry(
+            self.telemetry, built.engine.engine, self.config.model_name, _replica_id()
+        )
+        self._install(built)
+
+    def _install(self, built: replica_engine.ReplicaEngine) -> None:
+        """Make `built` this replica's engine, with fresh windows on its counters."""
+        self._built = built
+        self._tp_group, self._tap, self._routing_table = built.tp_group, built.tap, built.routing_table
+        self.engine = built.engine
         self._recent = replica_state.RecentRounds()
         self._forwards = replica_state.RecentForwards()
         self._last_stats: dict = {}
         self._published = replica_state.Republisher()
-        self.stats_timeout_s = CALL_TIMEOUT_S
         self._pending_snapshot: asyncio.Future | None = None  # at most one stats call queued at a time
-        self._keepalive: asyncio.Task | None = None
-        self._running = running.RunningRequests()
+
+    async def reconfigure(self, user_config: None, rank: ReplicaRank | None = None) -> None:
+        """Serve's call at start and whenever it changes this replica's rank (deployments/replica_engine.py):
+        the engine is rebuilt when the new rank's engine differs from the one running."""
+        if rank is None:  # Serve lost track of the rank (a controller restart): keep the engine
+            return
+        async with self._rebuild_lock:
+            wanted = self.config.engine_config(rank.rank)
+            if wanted == self._built.config:
+                self._rank = rank.rank
+                return
+            self._rebuilding = f"replica is rebuilding its engine for Serve rank {rank.rank}"
+            log.warning("Serve rank now %d: rebuilding the engine for it", rank.rank)
+            try:
+                await self._drain(self.config.graceful_shutdown_timeout_s)
+                if self._keepalive is not None:
+                    self._keepalive.cancel()
+                    self._keepalive = None
+                await asyncio.to_thread(self._built.stop)
+                built = await asyncio.to_thread(replica_engine.build, self.config, wanted)
+                self._telemetry.attach(built.engine.engine)
+                self._install(built)
+                self._rank, self._builds = rank.rank, self._builds + 1
+            finally:
+                self._rebuilding = None
+
+    async def _drain(self, timeout_s: float) -> None:
+        """Wait until no request runs here; after `timeout_s`, abort those left (finish_reason abort)."""
+        deadline = time.monotonic() + timeout_s
+        while len(self._running) and time.monotonic() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        if aborted := self._running.abort_all():
+            log.warning("aborted %d requests still running after %gs", aborted, timeout_s)
 
     async def generate(
         self,
@@ -95,6 +125,8 @@ class TargetReplica:
         `stream_interval` N > 1, a message after the first also waits until it carries N tokens (or
         the request ends).
         """
+        if self._rebuilding is not None:
+            raise AdmissionError(self._rebuilding, retry_after_s=max(1.0, self._built.build_s))
         self._ensure_keepalive()
         pending: asyncio.Queue = asyncio.Queue()
         engine_id = running.engine_request_id(request_id, route.key if route is not None else None)
@@ -173,6 +205,7 @@ class TargetReplica:
             del snap[name]
         snap["healthy"] = self.engine.is_healthy(self.config.stuck_after_s)
         snap["replica_id"] = _replica_id()
+        snap["engine_rank"], snap["engine_builds"] = self._rank, self._builds
         self._last_stats = self._published.publish(snap)
         return self._last_stats
 
@@ -240,6 +273,8 @@ class TargetReplica:
         return {"replica_id": rid, "sps_table": table}
 
     def check_health(self) -> None:
+        if self._rebuilding is not None:  # the old engine is stopped on purpose; Serve waits for reconfigure
+            return
         problem = self.engine.health_problem(self.config.stuck_after_s)
         if problem is not None:
             raise RuntimeError(f"replica unhealthy: {problem}")

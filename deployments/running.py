@@ -47,6 +47,14 @@ class RunningRequests:
             if not queues:
                 del self._by_label[label]
 
+    def __len__(self) -> int:
+        """How many requests are running (an engine rebuild waits for none)."""
+        return sum(len(queues) for queues in self._by_label.values())
+
+    def abort_all(self) -> int:
+        """Signal every running request to end; how many there were."""
+        return sum(self.abort(label) for label in list(self._by_label))
+
     def abort(self, label: str) -> int:
         """Signal every request running under `label` to end; how many there were (0: none, or aborted)."""
         queues = self._by_label.pop(label, set())

@@ -46,6 +46,15 @@ class EngineTelemetry:
         if telemetry.tracing or telemetry.metering:  # otherwise the engine runs with no observer at all
             engine.step_observers.append(self.on_step)
 
+    def attach(self, engine) -> None:
+        """Follow a new engine of the same replica (rebuilt for another Serve rank): its steps, its
+        counters. The instruments stay (a meter keeps the first callbacks registered under a name)."""
+        self.engine = engine
+        if self.metrics is not None:
+            self.metrics.attach(engine)
+        if self.telemetry.tracing or self.telemetry.metering:
+            engine.step_observers.append(self.on_step)
+
     def on_step(self, report: StepReport) -> None:
         """Engine thread, after every step."""
         if self.metrics is not None:

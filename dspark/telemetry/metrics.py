@@ -138,7 +138,7 @@ class EngineMetrics:
         self.tpot = _histogram(meter, TPOT)
         self.duration = _histogram(meter, REQUEST_DURATION)
         self.verify_tokens = _histogram(meter, STEP_VERIFY_TOKENS)
-        stats = lambda: engine.stats  # noqa: E731  (read at collection time)
+        stats = lambda: self.engine.stats  # noqa: E731  (read at collection time; attach may replace it)
         _observable(meter, NUM_DRAFTS, lambda: self._one(stats().rounds))
         _observable(meter, NUM_DRAFT_TOKENS, lambda: self._one(stats().drafted_tokens))
         _observable(meter, NUM_ACCEPTED_TOKENS, lambda: self._one(stats().accepted_tokens))
@@ -149,6 +149,12 @@ class EngineMetrics:
         _observable(meter, SPS_PROFILED, lambda: self._sps("profiled"))
         _observable(meter, SPS_MEASURED, lambda: self._sps("rates"))
         _observable(meter, CALIBRATION_ERROR, self._calibration_error)
+
+    def attach(self, engine) -> None:
+        """Read a new engine from now on; its counters start again from zero (a counter reset, as after a
+        restart), and the calibration window starts empty (the drafter may differ)."""
+        self.engine = engine
+        self.calibration = CalibrationWindow()
 
     # ---- recorded -------------------------------------------------------------------------------------
 

@@ -156,8 +156,10 @@ def start_ray() -> str:
 
 
 def deploy(args: dict, setting: str) -> None:
-    """Deploy the app afresh and wait until it runs. The old app goes first: a rolling redeploy lets Serve
-    hand the new replicas reused ranks (e.g. 0 and 2), and engine_by_rank would then build one kind twice."""
+    """Deploy the app afresh and wait until it runs. The old app goes first, so every arm starts on fresh
+    replicas: a rolling redeploy would also end on the setting's mix, but only once Serve has made the
+    ranks contiguous again and a replica that came up on rank 2 has rebuilt its engine for its new rank
+    (deployments/replica_engine.py), after serve.run has returned."""
     from ray import serve
 
     from deployments.app import build_app

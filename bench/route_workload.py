@@ -172,8 +172,9 @@ def mean_points(repeats: Sequence[Sequence[dict]]) -> list[dict]:
 
 
 def kinds_problem(setting: str, kinds: Sequence[str]) -> str | None:
-    """Why the replicas up are not the setting's mix, or None. Serve reuses released ranks during a rolling
-    redeploy, so ranks {0, 2} can come up and engine_by_rank would give both replicas rank 0's engine."""
+    """Why the replicas up are not the setting's mix, or None. During a rolling redeploy Serve can hand out
+    ranks {0, 2}, and the replicas run rank 0's engine twice until Serve compacts the ranks and the moved
+    replica rebuilds (deployments/replica_engine.py): a pool caught mid-way is not measured."""
     expected = ["drafter", "plain"] if setting == "heterogeneous" else ["drafter", "drafter"]
     if sorted(kinds) != expected:
         return f"{setting} setting expects replicas {expected}, got {sorted(kinds)}"

@@ -107,7 +107,9 @@ class AppConfig(BaseModel):
     sglang: SGLangOptions | None = None
     # Engine options that differ per replica: the replica of Serve rank r also applies
     # engine_by_rank[r % len] on top of `engine` (heterogeneous pools, a canary, benchmarks), e.g.
-    # [{}, {"drafter": "none"}] runs every other replica without speculation.
+    # [{}, {"drafter": "none"}] runs every other replica without speculation. A replica follows its rank:
+    # when Serve changes it (Serve makes ranks contiguous again after a rolling update or a replacement),
+    # the replica rebuilds its engine if the new rank's differs (deployments/replica_engine.py).
     engine_by_rank: list[dict] = Field(default_factory=list)
     tensor_parallel_size: int = Field(1, ge=1)
     num_replicas: int = Field(1, ge=1, description="target replicas; with autoscaling_config, Serve decides")

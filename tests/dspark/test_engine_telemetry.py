@@ -165,6 +165,25 @@ def test_metrics_equal_the_engine_counters(qwen3_dir, monkeypatch):
     assert value("dspark.confidence.calibration_error") == expected_calibration_error(pairs)
 
 
+def test_after_attach_the_instruments_read_the_new_engine(qwen3_dir, monkeypatch):
+    """A replica rebuilt its engine for another Serve rank (deployments/replica_engine.py): the same
+    instruments (a meter keeps the callbacks first registered) now read the new engine's counters,
+    and its steps reach the same histograms."""
+    old, traced, _, reader, prompts = traced_engine(qwen3_dir, monkeypatch)
+    _, old_reports = run(old, traced, prompts)
+    references = reference(qwen3_dir, prompts_of_mixed_length(384))[:1]
+    new = scheduled_engine(qwen3_dir, prompts[:1], references, "dspark")
+    traced.attach(new)
+    _, new_reports = run(new, traced, prompts[:1])
+    found = points(reader)
+    (drafts,) = found["dspark.spec_decode.num_drafts"]
+    assert drafts.value == new.stats.rounds and new.stats.rounds != old.stats.rounds
+    (cap,) = found["dspark.draft_budget.request_tokens"]
+    assert cap.value == new.gamma  # the old engine's cap of 3 is gone with it
+    (verify,) = found["dspark.step.verify_tokens"]
+    assert verify.count == sum(1 for r in [*old_reports, *new_reports] if r.rounds)
+
+
 def test_step_events_are_sampled_at_the_configured_rate(qwen3_dir, monkeypatch):
     engine, traced, spans, _, prompts = traced_engine(qwen3_dir, monkeypatch, rate="0.25")
     _, reports = run(engine, traced, prompts)

@@ -3,8 +3,10 @@
 With tensor_parallel_size N the replica is rank 0 of N shard processes in its STRICT_PACK placement
 group (deployments/tensor_parallel.py). Serve calls `record_routing_stats` for the router and
 `check_health` to replace a replica whose engine loop died, stopped making progress, or reports
-itself broken. Every call into the engine thread is awaited on the event loop with a deadline, so a
-stuck engine is reported, never waited on, and costs no thread.
+itself broken, and `reconfigure` when it changes the replica's rank: with `engine_by_rank` the engine
+is then rebuilt for the new rank (deployments/replica_engine.py). Every call into the engine thread
+is awaited on the event loop with a deadline, so a stuck engine is reported, never waited on, and
+costs no thread.
 """
 
 from __future__ import annotations

@@ -19,14 +19,19 @@ differs from the one it runs, rebuilds it: it refuses new requests (AdmissionErr
 RESOURCE_EXHAUSTED with a retry hint, for the few a router sent before it heard the replica left), lets
 the ones running finish (up to the app's graceful_shutdown_timeout_s, then aborts the rest), stops the
 old engine and only then builds the new one, so two engines never hold the device's memory at once.
-Once Serve has compacted the ranks, the pool runs exactly the configured mix. Nothing here depends on
-timing luck, and a rank change that keeps the engine (rank 2 -> 0 of a two-entry list) costs nothing.
+Once Serve has compacted the ranks, the pool runs exactly the configured mix; until then (a rollout in
+progress) it may not, as the pool is in flux anyway. A rank change that keeps the engine (rank 2 -> 0
+of a two-entry list) costs nothing. This is Serve's own contract for rank-dependent replicas (a
+`reconfigure` with a `rank` parameter subscribes to rank changes), so it holds for every way ranks move:
+rolling updates, replacements, scaling down. tests/deployments/test_rank_rollout.py drives a real
+rolling update to it.
 
-Rejected: one Serve deployment per engine kind (stable, but a RequestRouter sees only its own
-deployment's replicas, so the ingress would have to split load across deployments before the SLA
-router could compare replicas: the router's whole point lost across kinds), and health checks that
-fail a replica holding a duplicate kind (its replacement gets whatever rank Serve has free, which is
-again the wrong one while the duplicate's rank is still being released).
+Rejected: one Serve deployment per engine kind (stable keys, but a RequestRouter sees only its own
+deployment's replicas, so the ingress would have to split load between deployments before the SLA
+router could compare replicas, losing the router's point across kinds), and failing the health check
+of a replica whose kind duplicates another's (Serve then restarts a whole process, marking the
+deployment unhealthy meanwhile, and the replacement gets whatever rank Serve has free, which can again
+be the wrong one while the failed replica's rank is still being released).
 """
 
 from __future__ import annotations

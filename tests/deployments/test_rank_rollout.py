@@ -1,4 +1,4 @@
-"""engine_by_rank through a real Ray Serve rolling update: the pool ends on the configured mix.
+"""engine_by_rank through a real Ray Serve rolling update and a crash: the pool ends on the configured mix.
 
 Serve starts each new replica before the old one it replaces has stopped and released its rank, so
 the first new replica comes up on rank 2; once the old replicas are gone Serve makes the ranks
@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import ray
 from ray import serve
 from serving import ENGINE, app_args, wait_until
 
@@ -77,3 +78,15 @@ def test_a_rolling_update_ends_with_every_rank_on_its_own_engine(ranked, serve_s
     assert pool(after) == {0: ENGINE["max_num_seqs"], 1: 6}
     # The replica that started on rank 2 built its engine twice; the other one once.
     assert sorted(s["engine_builds"] for s in after.values()) == [1, 2]
+
+    # A crash: Serve replaces the replica of rank 1, and the pool comes back to the same mix.
+    (victim,) = [rid for rid, s in after.items() if s["engine_rank"] == 1]
+    (name,) = [n for n in replicas.replica_actor_names(APP, "TargetReplica") if n.endswith(f"#{victim}")]
+    ray.kill(ray.get_actor(name, namespace=replicas.SERVE_NAMESPACE))
+
+    def recovered():
+        now = stats()
+        back = len(now) == 2 and victim not in now and all(s.get("healthy") for s in now.values())
+        return back and pool(now) == {0: ENGINE["max_num_seqs"], 1: 6}
+
+    wait_until(recovered, timeout_s=120, what="a replacement on rank 1's engine")

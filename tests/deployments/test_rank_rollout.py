@@ -57,6 +57,7 @@ def ranked(serve_stack):
     serve.delete(APP)
 
 
+@pytest.mark.slow  # about 65 s on two busy cores: an app start, a rolling update, a replacement
 def test_a_rolling_update_ends_with_every_rank_on_its_own_engine(ranked, serve_stack):
     before = wait_until(lambda: len(stats()) == 2 and stats(), what="the first replicas")
     assert pool(before) == {0: ENGINE["max_num_seqs"], 1: 6}

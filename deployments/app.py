@@ -68,8 +68,10 @@ def build_app(args: dict | AppConfig) -> Application:
         own = actor.get("runtime_env", {})
         actor["runtime_env"] = {**own, "env_vars": {**replica_env, **own.get("env_vars", {})}}
     data = config.model_dump()
-    # What only the ingress and the router read stays out of the replicas' arguments: changing the router
-    # or the SLA classes restarts the ingress (cheap), never the replicas (their models stay loaded).
+    # What only the ingress and the router read stays out of the replicas' arguments: the replicas never
+    # depend on the router or the SLA classes. (It does not spare them a restart when those change: Ray
+    # 2.60 gives every deployment a new code version on each `serve.run`, and a config-file deploy hashes
+    # the whole `args` into the app's code version, so any redeploy restarts the replicas.)
     replica_data = config.model_dump(exclude=ROUTING_FIELDS)
     replica = replica_class.options(
         **_replica_count(config.num_replicas, config.autoscaling_config),

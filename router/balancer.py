@@ -76,8 +76,12 @@ class Balancer:
         default_class: str,
         prior_acceptance: float = 0.5,
         seed: int = 0,
+        keep_decisions: bool = True,
     ) -> None:
         self.config = config
+        # Keep each decision for the ingress to attach to its request's trace (router/decisions.py);
+        # off where nobody collects them (the simulator), which would only fill the registry.
+        self.keep_decisions = keep_decisions
         self.classes = dict(classes)
         self.default = self.classes[default_class]
         self.prior_acceptance = prior_acceptance
@@ -105,14 +109,16 @@ class Balancer:
                 first = decision.ranking[0]
                 self.ledger.sent(first, key, newcomer, self._page_size(first), now)
                 self._remember_pages(first, newcomer, now)
-        decisions.record(newcomer.key, decision)
+        if self.keep_decisions:
+            decisions.record(newcomer.key, decision)
         return decision
 
     def routed(self, replica_id: str, key: str, newcomer: Newcomer, now: float) -> None:
         with self._lock:
             self.ledger.routed(replica_id, key, newcomer, self._page_size(replica_id), now)
             self._remember_pages(replica_id, newcomer, now)
-        decisions.placed(newcomer.key, replica_id)
+        if self.keep_decisions:
+            decisions.placed(newcomer.key, replica_id)
 
     def completed(self, replica_id: str, key: str, now: float) -> None:
         with self._lock:

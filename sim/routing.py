@@ -90,7 +90,12 @@ class SlaArm:
         self.classes = dict(classes)
         self.stats = stats
         self.balancer = Balancer(
-            config or PolicyConfig(), self.classes, default_class, prior_acceptance, seed
+            config or PolicyConfig(),
+            self.classes,
+            default_class,
+            prior_acceptance,
+            seed,
+            keep_decisions=False,
         )
         self.rng = random.Random(seed + 1)
         self.candidates = candidates

@@ -192,6 +192,20 @@ def test_decisions_reach_the_trace_with_where_serve_placed_them():
     assert record["placed_on"] == "b" and decisions.pop("trace-key") is None
 
 
+def test_a_balancer_that_keeps_no_decisions_decides_the_same_and_leaves_the_registry_alone():
+    # The simulator's: nobody collects its decisions, so they must not fill the registry.
+    keeping, silent = (
+        balancer(),
+        Balancer(PolicyConfig(stale_after_s=1.0), CLASSES, "standard", seed=0, keep_decisions=False),
+    )
+    request = Newcomer(10, 10, STANDARD, key="silent-key")
+    idle = {"a": stats(5.0), "b": stats(5.0, running_requests=7)}
+    decision = silent.decide(request, "internal-id", idle, now=5.1)
+    silent.routed("b", "internal-id", request, now=5.2)
+    assert decisions.pop("silent-key") is None
+    assert keeping.decide(request, "internal-id", idle, now=5.1).ranking == decision.ranking
+
+
 PAGES = PromptPages(16, ("h0", "h1", "h2", "h3"))  # a shared system prompt's first 4 pages
 
 

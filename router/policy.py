@@ -273,9 +273,10 @@ def tau(acceptance: float, length: float) -> float:
 def verify_length(speed: Speed, batch: int, sla_class: str | None = None) -> int:
     """The drafts each of `batch` decoding requests verifies per round, as the replica would choose."""
     key = ("l", batch, sla_class)
-    if key not in speed._memo:
-        speed._memo[key] = _verify_length(speed, batch, sla_class)
-    return speed._memo[key]
+    length = speed._memo.get(key)
+    if length is None:
+        length = speed._memo[key] = _verify_length(speed, batch, sla_class)
+    return length
 
 
 def _verify_length(speed: Speed, batch: int, sla_class: str | None) -> int:
@@ -287,7 +288,14 @@ def _verify_length(speed: Speed, batch: int, sla_class: str | None) -> int:
     if not speed.adaptive or cap == 0:
         return cap
     sps, alpha = speed.sps, speed.acceptance
-    return max(range(cap + 1), key=lambda n: tau(alpha, n) * sps(batch * (1 + n)))
+    # The first length with the most tokens per second (max() over range(cap + 1) by that key, unrolled:
+    # this runs for every new stats version of every candidate).
+    best, best_rate = 0, tau(alpha, 0) * sps(batch)
+    for n in range(1, cap + 1):
+        rate = tau(alpha, n) * sps(batch * (1 + n))
+        if rate > best_rate:
+            best, best_rate = n, rate
+    return best
 
 
 def step_time(speed: Speed, tokens: float) -> float:
@@ -298,12 +306,13 @@ def decode_round(speed: Speed, batch: int, sla_class: str | None = None) -> tupl
     """(decode tokens of a step with `batch` decoding requests, tokens one of them of `sla_class` gains
     per round): the anchors and drafts every request verifies, and tau at its own (maybe capped) length."""
     key = ("round", batch, sla_class)
-    if key not in speed._memo:
+    found = speed._memo.get(key)
+    if found is None:
         batch_ = max(batch, 1)
         length = verify_length(speed, batch_)
         own = length if sla_class is None else min(length, verify_length(speed, batch_, sla_class))
-        speed._memo[key] = (batch_ * (1 + length), tau(speed.acceptance, own))
-    return speed._memo[key]
+        found = speed._memo[key] = (batch_ * (1 + length), tau(speed.acceptance, own))
+    return found
 
 
 def prefill_per_step(speed: Speed, batch: int, rate: float) -> float:
@@ -330,12 +339,14 @@ def prefill_per_step(speed: Speed, batch: int, rate: float) -> float:
 def tpot(speed: Speed, batch: int, sla_class: str | None = None, prefill: float = 0.0) -> float:
     """Seconds per output token of a request decoding among `batch` requests, its steps carrying
     `prefill` prompt tokens each on average (see the module docstring)."""
-    decode, gain = decode_round(speed, batch, sla_class)
     if prefill <= 0:
         key = ("tpot", batch, sla_class)
-        if key not in speed._memo:
-            speed._memo[key] = step_time(speed, decode) / gain
-        return speed._memo[key]
+        seconds = speed._memo.get(key)
+        if seconds is None:
+            decode, gain = decode_round(speed, batch, sla_class)
+            seconds = speed._memo[key] = step_time(speed, decode) / gain
+        return seconds
+    decode, gain = decode_round(speed, batch, sla_class)
     return step_time(speed, min(speed.max_batch_tokens, decode + prefill)) / gain
 
 

@@ -61,6 +61,26 @@ def test_tau_and_the_verify_length_each_scheduler_picks():
     assert verify_length(PLAIN, 10) == 0
 
 
+def test_the_verify_length_is_the_first_best_over_every_speed_and_batch():
+    # verify_length's loop against the plain argmax it replaced (max() keeps the first of equal rates),
+    # over random tables and acceptances, and a table flat enough that lengths tie exactly.
+    rng = random.Random(7)
+    flat = SpsTable((1, 4096), (50.0, 50.0))
+    speeds = [Speed(flat, 1024, acceptance=0.0, draft_cap=7)]
+    for _ in range(60):
+        rates = sorted((rng.uniform(1, 200) for _ in range(5)), reverse=True)
+        table = SpsTable((1, 16, 64, 256, 1024), tuple(rates))
+        speeds.append(Speed(table, 1024, rng.choice((0.0, 0.3, 0.7, 0.95)), draft_cap=rng.randint(0, 9)))
+    for speed in speeds:
+        for batch in (1, 2, 5, 16, 40, 100, 300, 1023):
+            cap = max(0, min(speed.draft_cap, (1024 - batch) // batch))
+            first_best = max(
+                range(cap + 1), key=lambda n: tau(speed.acceptance, n) * speed.sps(batch * (1 + n))
+            )
+            assert verify_length(speed, batch) == first_best
+    assert verify_length(speeds[0], 3) == 0  # acceptance 0 on a flat table: every length ties
+
+
 def test_tpot_is_tau_times_sps_at_the_batch_tokens():
     # n = 16: l = 3 gives tau 2.952 at SPS(64) = 50 (147.6 tokens/s); l = 4 gives tau 3.3616 at
     # SPS(80) = 60 - 30 * 48 / 96 = 45 (151.3); l = 5 gives 3.68928 at SPS(96) = 40 (147.6): l = 4.

@@ -4,6 +4,8 @@ under a seed, and that the engine's and the router's own policies are the ones d
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from collections import Counter
 
 import pytest
@@ -132,6 +134,28 @@ def test_the_real_router_and_scheduler_decide(monkeypatch):
     _, requests = simulate("sla")
     assert calls["decide"] >= len(requests)  # every request was decided by router.policy.decide
     assert calls["schedule"] > 0  # verify lengths came from dspark.scheduler's Algorithm 1
+
+
+# The SLA router's every decision (action, ranking, scores, exclusions) on simulate("sla"), as the
+# policy decided them before its decision-speed work (main at 8a9d8ea): a change to the scoring's
+# internals must leave this digest alone; change it only with a change meant to decide otherwise (of
+# the policy, or of the simulated replicas whose stats it reads).
+PINNED_DECISIONS = (182, "7e5b7fc42498f4464fcbee6685f8057841d10a1055684cee6771e5215a3af251")
+
+
+def test_the_routers_decisions_on_a_seeded_trace_are_the_pinned_ones(monkeypatch):
+    decided = []
+    decide = router.balancer.decide
+
+    def recording_decide(*args, **kwargs):
+        decision = decide(*args, **kwargs)
+        decided.append(json.dumps(decision.to_dict(), sort_keys=True))
+        return decision
+
+    monkeypatch.setattr(router.balancer, "decide", recording_decide)
+    simulate("sla")
+    digest = hashlib.sha256("\n".join(decided).encode()).hexdigest()
+    assert (len(decided), digest) == PINNED_DECISIONS
 
 
 def test_verify_lengths_are_the_engines_own_on_the_same_batch():

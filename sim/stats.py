@@ -18,14 +18,15 @@ def snapshot(replica: SimReplica, recent: RecentRounds, now: float) -> dict:
     queued = [s for s in seqs if not s.decoding]
     c = replica.counters
     pages = replica.pages
+    unreserved = pages.num_unreserved_pages  # a sum over the running requests: once
     return {
         "ts": now,
         "running_requests": len(seqs) - len(queued),
         "queued_requests": len(queued),
         "queued_prefill_tokens": sum(s.req.prompt_tokens - s.computed for s in queued),
-        "kv_unreserved_pages": pages.num_unreserved_pages,
+        "kv_unreserved_pages": unreserved,
         "kv_total_pages": pages.num_pages,
-        "kv_headroom": pages.num_unreserved_pages / pages.num_pages,
+        "kv_headroom": unreserved / pages.num_pages,
         "kv_page_size": pages.page_size,
         "max_num_seqs": replica.profile.max_num_seqs,
         "max_num_batched_tokens": replica.profile.max_num_batched_tokens,

@@ -272,6 +272,8 @@ def tau(acceptance: float, length: float) -> float:
 
 def verify_length(speed: Speed, batch: int, sla_class: str | None = None) -> int:
     """The drafts each of `batch` decoding requests verifies per round, as the replica would choose."""
+    if sla_class not in speed.class_caps:
+        sla_class = None  # a class without a cap of its own verifies what every request does: one entry
     key = ("l", batch, sla_class)
     length = speed._memo.get(key)
     if length is None:
@@ -305,6 +307,8 @@ def step_time(speed: Speed, tokens: float) -> float:
 def decode_round(speed: Speed, batch: int, sla_class: str | None = None) -> tuple[int, float]:
     """(decode tokens of a step with `batch` decoding requests, tokens one of them of `sla_class` gains
     per round): the anchors and drafts every request verifies, and tau at its own (maybe capped) length."""
+    if sla_class not in speed.class_caps:
+        sla_class = None  # uncapped: its own length is every request's
     key = ("round", batch, sla_class)
     found = speed._memo.get(key)
     if found is None:
@@ -340,7 +344,7 @@ def tpot(speed: Speed, batch: int, sla_class: str | None = None, prefill: float 
     """Seconds per output token of a request decoding among `batch` requests, its steps carrying
     `prefill` prompt tokens each on average (see the module docstring)."""
     if prefill <= 0:
-        key = ("tpot", batch, sla_class)
+        key = ("tpot", batch, sla_class if sla_class in speed.class_caps else None)
         seconds = speed._memo.get(key)
         if seconds is None:
             decode, gain = decode_round(speed, batch, sla_class)

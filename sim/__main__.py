@@ -44,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow-share", type=float, default=0.0)
     p.add_argument("--hetero", action="store_true", help="half the fleet a 2x faster class")
     p.add_argument("--failures", type=int, default=0)
-    p.add_argument("--candidates", type=int, default=16, help="replicas the SLA router scores per request")
+    p.add_argument("--candidates", type=int, default=8, help="replicas the SLA router scores per request")
     p.add_argument(
         "--max-num-batched-tokens", type=int, default=None, help="the engines' step token budget (profile's)"
     )

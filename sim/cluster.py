@@ -58,7 +58,10 @@ class ClusterConfig:
     router: str = "sla"
     stats_period_s: float = 0.25
     stats_delay_s: float = 0.05
-    candidates: int = 16
+    # Replicas the SLA arm scores per request. 8: at 100 GPU-class replicas and 80% load (12 s traces,
+    # 6 seeded runs of the engine and controller arms) it matched 16's attainment (mean difference
+    # +0.00 points, pairs within +-0.4) at a third less decision time; 4 was 0.2 points lower.
+    candidates: int = 8
     failures: Sequence[Failure] = ()
     seed: int = 0
     timeline_period_s: float = 1.0

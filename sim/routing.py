@@ -83,7 +83,7 @@ class SlaArm:
         default_class: str,
         stats: Callable[[str], Mapping | None],
         seed: int,
-        candidates: int = 16,
+        candidates: int = 8,
         config: PolicyConfig | None = None,
         prior_acceptance: float = 0.5,
     ) -> None:

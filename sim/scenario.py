@@ -63,7 +63,7 @@ class Scenario:
     slow_factor: float = 2.0
     hetero: bool = False  # half the fleet a 2x faster class (a larger TP group)
     failures: int = 0  # replica failures spread over the run
-    candidates: int = 16
+    candidates: int = 8
     stats_period_s: float = 0.25
     workload: Mapping = field(default_factory=dict)  # overrides of Workload fields
     draft_gate: bool = True

@@ -157,13 +157,6 @@ class PageManager:
             raise RuntimeError(
                 f"sequence {seq_id} asked for {need} pages beyond its reservation {alloc.reserved}"
             )
-        missing = need - len(alloc.table)
-        if 0 < missing <= len(self._free):
-            # All from the free pool: the pages _take would hand out one by one, in the same order.
-            pages = [self._free.popleft() for _ in range(missing)]
-            for page in pages:
-                self._refs[page] = 1
-            alloc.table.extend(pages)
         while len(alloc.table) < need:
             alloc.table.append(self._take())
         return alloc.table

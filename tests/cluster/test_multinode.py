@@ -204,7 +204,9 @@ def running_requests(app: str, replica_id: str) -> int:
 
 
 def test_losing_a_worker_mid_load_replaces_its_replica_and_retries_succeed(multi, spread_app):
-    request = dict(temperature=0.0, max_tokens=160, ignore_eos=True)
+    # Long streams (300 tokens; 160 were not enough on a loaded machine: the victim's last requests could
+    # finish between the check below and the node's death, so no stream was cut).
+    request = dict(temperature=0.0, max_tokens=300, ignore_eos=True)
     with dspark_client.Client(multi.grpc_target, application=spread_app, timeout_s=120) as client:
         expected = client.generate(PROMPT, **request).text
     before = running(spread_app, "TargetReplica")

@@ -11,6 +11,7 @@ wall times, so it reads alike on a busy machine.
 
     python bench/stream_profile.py --model models/target --drafter ngram --concurrency 8 [--py-spy]
     python bench/stream_profile.py --app '{"num_ingress_replicas": 2}'   # AppConfig fields, as JSON
+    python bench/stream_profile.py --direct-ingress --offline   # the engine alone first, as the baseline
 """
 
 from __future__ import annotations
@@ -40,6 +41,23 @@ def record(spy: str, pid: int, seconds: float, out: Path) -> subprocess.Popen:
     )
 
 
+def thread_cpu(pids: list[int]) -> collections.Counter:
+    """CPU seconds so far of these processes' threads, by thread name, same names summed: Ray's core
+    worker and gRPC name their C++ threads (worker.io, client.poll0, ...); Python's threads (the
+    engine's, the event loop, thread pools) all carry the process title (ray::IDLE)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    by_name: collections.Counter = collections.Counter()
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                head, _, rest = (task / "stat").read_text().rpartition(")")
+            except OSError:
+                continue
+            fields = rest.split()
+            by_name[head.partition("(")[2]] += (int(fields[11]) + int(fields[12])) / tick
+    return by_name
+
+
 def top_functions(raw: Path, n: int = 15) -> list[tuple[str, float]]:
     """Inclusive share of each function over the sampled stacks that held the GIL (collapsed format:
     'a;b;c count'), the stack frames of threads that only wait left out by py-spy's --gil."""
@@ -67,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--app", default="{}", help="more AppConfig fields, as JSON")
     parser.add_argument("--env", nargs="*", default=[], help="KEY=VALUE for every Ray process")
+    parser.add_argument("--offline", action="store_true", help="first measure the engine alone, in process")
     parser.add_argument("--py-spy", action="store_true", help="sample the serving processes (needs py-spy)")
     parser.add_argument(
         "--direct-ingress", action="store_true", help="clients call the ingress replica, no Serve proxy"
@@ -88,6 +107,22 @@ def main(argv: list[str] | None = None) -> int:
         "num_speculative_tokens": args.num_speculative_tokens,
         "max_num_seqs": args.concurrency,
     }
+    if args.offline:  # the engine alone in this process, same prompts and concurrency: the baseline
+        from serve import run_offline
+
+        from dspark import AsyncEngine, EngineConfig
+
+        engine = AsyncEngine(EngineConfig(model=model, **engine_options))
+        try:
+            run_offline(engine, prompts[:1], args.max_tokens, 1)  # warm
+            cpu = time.process_time()
+            samples, wall = run_offline(engine, prompts, args.max_tokens, args.concurrency)
+            cpu = time.process_time() - cpu
+        finally:
+            engine.shutdown()
+        tokens = sum(s.tokens for s in samples)
+        print(f"[offline] {tokens / wall:.0f} tok/s aggregate at concurrency {args.concurrency}")
+        print(f"[offline] CPU ms per generated token: engine process {1000 * cpu / tokens:.2f}")
     http_url, grpc_target = start_stack(
         model,
         engine_options,
@@ -161,16 +196,23 @@ def main(argv: list[str] | None = None) -> int:
                 }
                 time.sleep(0.5)  # py-spy attaches (the counts below are ratios: two runs count alike)
             before = {name: cpu_seconds(p) for name, p in pids.items()}
+            threads_before = {name: thread_cpu(p) for name, p in pids.items()}
             tokens = counts[f"{label}_tokens"]
             _, wall = run_threads(fn, prompts, args.concurrency)
             tokens = counts[f"{label}_tokens"] - tokens
             cpu = {name: cpu_seconds(p) - before[name] for name, p in pids.items()}
+            print(f"[{label}] {tokens / wall:.0f} tok/s aggregate at concurrency {args.concurrency}")
             print(
                 f"[{label}] CPU ms per generated token: "
                 + ", ".join(
                     f"{name} ({len(pids[name])} proc) {1000 * t / tokens:.2f}" for name, t in cpu.items()
                 )
             )
+            for name, p in pids.items():
+                spent = thread_cpu(p)
+                spent.subtract(threads_before[name])
+                busy = [(t, s) for t, s in spent.most_common(6) if s > 0]
+                print(f"  {name} threads: " + ", ".join(f"{t} {1000 * s / tokens:.2f}" for t, s in busy))
             for proc in procs.values():
                 proc.wait()
             for name in procs:

@@ -68,13 +68,9 @@ class AsyncEngine:
         self, prompt: str | Seq[int], params: SamplingParams | None = None, request_id: str | None = None
     ) -> AsyncIterator[RequestOutput]:
         """Stream one request's outputs (each carries its delta); abandoning the stream aborts it."""
-        self._check_alive()
         request_id = request_id or uuid.uuid4().hex
-        loop = asyncio.get_running_loop()
-        admitted: asyncio.Future = loop.create_future()
         stream: asyncio.Queue = asyncio.Queue()
-        self._call("add", (prompt, params, request_id, loop, stream, admitted))
-        await admitted  # raises InvalidRequestError / AdmissionError exactly as Engine.add_request does
+        await self.open(prompt, params, request_id, stream)
         finished = False
         try:
             while True:
@@ -88,6 +84,26 @@ class AsyncEngine:
         finally:
             if not finished:
                 self.abort(request_id)
+
+    async def open(
+        self, prompt: str | Seq[int], params: SamplingParams | None, request_id: str, outputs: asyncio.Queue
+    ) -> None:
+        """Admit a request whose outputs the engine thread puts into `outputs`, on the caller's event
+        loop: each RequestOutput up to the finished one, or the exception that ended the request. Raises
+        InvalidRequestError / AdmissionError exactly as Engine.add_request does. A caller that stops
+        reading before the finished output must `abort(request_id)`.
+
+        What `generate` is built on, for a caller that reads the queue itself (the serving replica):
+        one queue between the engine thread and the reader, no task in between."""
+        self._check_alive()
+        loop = asyncio.get_running_loop()
+        admitted: asyncio.Future = loop.create_future()
+        self._call("add", (prompt, params, request_id, loop, outputs, admitted))
+        try:
+            await admitted
+        except asyncio.CancelledError:  # the caller left meanwhile: the request, if admitted, must not run
+            self.abort(request_id)
+            raise
 
     def abort(self, request_id: str) -> None:
         self._call("abort", request_id)
@@ -186,9 +202,23 @@ class AsyncEngine:
             self._fail_all(EngineDeadError(f"engine step failed: {exc!r}"))
             return
         self.last_progress = time.monotonic()
+        # One wake-up per event loop per step, carrying every stream's output of the step, rather than
+        # one per stream: a failed request gets its error, the others get their deltas.
+        batches: dict[asyncio.AbstractEventLoop, list] = {}
         for out in outputs:
-            # A failed request gets its error; the others get their deltas.
-            self._send(out.request_id, out if out.error is None else out.error, out.finished)
+            target = self._streams.get(out.request_id)
+            if target is None:
+                continue
+            loop, stream = target
+            batches.setdefault(loop, []).append((stream, out if out.error is None else out.error))
+            if out.finished:
+                del self._streams[out.request_id]
+        for loop, batch in batches.items():
+            if not _notify(loop, _put_all, batch):  # that loop is closed: nobody listens to its streams
+                gone = {id(stream) for stream, _ in batch}
+                for request_id, (_, stream) in list(self._streams.items()):
+                    if id(stream) in gone:
+                        del self._streams[request_id]
 
     def _send(self, request_id: str, item, last: bool) -> None:
         target = self._streams.get(request_id)
@@ -212,6 +242,11 @@ def _notify(loop: asyncio.AbstractEventLoop, fn, *args) -> bool:
     except RuntimeError:
         return False
     return True
+
+
+def _put_all(batch: list[tuple[asyncio.Queue, object]]) -> None:
+    for stream, item in batch:
+        stream.put_nowait(item)
 
 
 def _set_result(fut: asyncio.Future, value) -> None:

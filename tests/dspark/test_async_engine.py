@@ -83,3 +83,68 @@ def test_shutdown_fails_in_flight_requests(qwen3_dir):
 
     asyncio.run(main())
     assert not engine.is_healthy()
+
+
+def test_a_step_wakes_each_event_loop_once_for_all_its_streams(qwen3_dir, offline, monkeypatch):
+    """Every stream's output of a step reaches its event loop in one wake-up, not one per stream."""
+    from dspark import async_engine
+
+    batches: list[int] = []
+    put_all = async_engine._put_all
+
+    def counted(batch):
+        batches.append(len(batch))
+        put_all(batch)
+
+    monkeypatch.setattr(async_engine, "_put_all", counted)
+    engine = AsyncEngine(EngineConfig(model=str(qwen3_dir), drafter="ngram", num_kv_pages=64, kv_page_size=8))
+
+    async def outputs(prompt: str) -> list:
+        return [out async for out in engine.generate(prompt, PARAMS)]
+
+    async def main():
+        return await asyncio.gather(*(outputs(p) for p in PROMPTS))
+
+    try:
+        streams = asyncio.run(main())
+        steps = engine.stats.steps
+    finally:
+        engine.shutdown()
+    for outs, expected in zip(streams, offline):
+        assert [t for out in outs for t in out.delta_token_ids] == expected.token_ids
+        assert "".join(out.delta_text for out in outs) == expected.text
+    # Each output travelled in a batch, at most one batch per step, and some step served all three.
+    assert sum(batches) == sum(len(outs) for outs in streams)
+    assert len(batches) <= steps and max(batches) == len(PROMPTS)
+
+
+def test_a_caller_gone_while_admitted_leaves_nothing_running(qwen3_dir):
+    """`open` cancelled before the engine thread admitted the request: the request never runs on."""
+    import threading
+
+    engine = AsyncEngine(EngineConfig(model=str(qwen3_dir), num_kv_pages=64, kv_page_size=8))
+    release = threading.Event()
+
+    async def main():
+        held = asyncio.wrap_future(engine.submit(lambda e: release.wait(30)))  # no inbox drained meanwhile
+        opening = asyncio.get_running_loop().create_task(
+            engine.open("hello", SamplingParams(max_tokens=400, ignore_eos=True), "gone", asyncio.Queue())
+        )
+        await asyncio.sleep(0)  # the add is queued behind the held call
+        opening.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await opening
+        release.set()
+        await held
+        for _ in range(200):  # poll with a bound: add then abort, processed in order between steps
+            if engine.call(lambda e: not e.has_unfinished() and e.pages.num_free_pages == 64):
+                return True
+            await asyncio.sleep(0.01)
+        return False
+
+    try:
+        assert asyncio.run(main())
+        # Aborted as soon as it was admitted: it did not run its 400 tokens to the end.
+        assert engine.stats.aborted_requests == 1 and engine.stats.finished_requests == 0
+    finally:
+        engine.shutdown()

@@ -40,7 +40,7 @@ from opentelemetry.trace import SpanKind
 
 from deployments.config import AppConfig
 from deployments.errors import UnauthorizedError, classify, unwrap
-from deployments.events import StreamEvent
+from deployments.events import StreamEvent, received
 from deployments.ingress_admission import IngressAdmission, Slot
 from deployments.telemetry import setup_process
 from deployments.validation import GenerationRequest, Limits
@@ -82,7 +82,7 @@ class Stream:
             yield self.first
             while not last.finished:
                 try:
-                    event = await self._source.__anext__()
+                    event = received(await self._source.__anext__())
                 except StopAsyncIteration:
                     return
                 last = event
@@ -194,7 +194,7 @@ class Frontend:
             operation=span.operation if span is not None else TEXT_COMPLETION,
         )
         try:
-            first = await source.__anext__()
+            first = received(await source.__anext__())
         except BaseException:
             source.cancel()
             collect_decision(rid, route, span)

@@ -15,7 +15,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 from dataclasses import replace
 
 import torch
@@ -31,6 +30,7 @@ from deployments.tensor_parallel import KEEPALIVE_PERIOD_S
 from dspark.async_engine import CALL_TIMEOUT_S
 from dspark.engine import Engine
 from dspark.errors import AdmissionError
+from dspark.outputs import RequestOutput
 from dspark.sampling_params import SamplingParams
 from dspark.telemetry.engine_telemetry import EngineTelemetry
 from dspark.telemetry.semconv import TEXT_COMPLETION
@@ -113,8 +113,9 @@ class TargetReplica:
         route: Newcomer | None = None,
         trace_context: dict[str, str] | None = None,
         operation: str = TEXT_COMPLETION,
-    ) -> AsyncIterator[StreamEvent]:
-        """Stream one request; cancelling this call (client gone) or `abort(request_id)` aborts it and
+    ) -> AsyncIterator[bytes]:
+        """Stream one request, each event as its bytes (`StreamEvent.to_wire`; the ingress reads them
+        with `events.received`); cancelling this call (client gone) or `abort(request_id)` aborts it and
         frees its KV blocks. `request_id` is the client's label (deployments/running.py).
         `trace_context`: the ingress span's W3C context, which this replica's span continues;
         `operation`: the GenAI operation the request serves (text_completion, chat).
@@ -130,47 +131,56 @@ class TargetReplica:
         if self._rebuilding is not None:
             raise AdmissionError(self._rebuilding, retry_after_s=max(1.0, self._built.build_s))
         self._ensure_keepalive()
-        pending: asyncio.Queue = asyncio.Queue()
         engine_id = running.engine_request_id(request_id, route.key if route is not None else None)
         trace = self._telemetry.start(engine_id, request_id, operation, params, trace_context)
+        # The engine thread puts the request's outputs (or the error that ended it) straight into this
+        # queue, where `abort` puts its signal too: no task or second queue between engine and stream.
+        pending: asyncio.Queue = asyncio.Queue()
+        engine = self.engine  # the one this request runs on, even if a rebuild installs another
 
-        async def pump() -> None:
-            try:
-                async with aclosing(self.engine.generate(prompt_token_ids, params, engine_id)) as outputs:
-                    async for out in outputs:
-                        event = StreamEvent.of(out)
-                        if out.finished:
-                            event = replace(event, span_attributes=trace.finished(out))
-                        pending.put_nowait(event)
-            except Exception as exc:  # admission refusals, engine shutdown: re-raised to the caller below
-                trace.failed(exc, server_fault=classify(exc).http_status >= 500)
-                pending.put_nowait(exc)
+        def event_of(item: object) -> object:
+            """An engine output as the event to stream; an error or the abort signal as itself."""
+            if not isinstance(item, RequestOutput):
+                return item
+            event = StreamEvent.of(item)
+            if item.finished:
+                event = replace(event, span_attributes=trace.finished(item))
+            return event
 
-        task = asyncio.get_running_loop().create_task(pump())
         interval = self.config.stream_interval
         held = None  # an error or an abort that arrived behind tokens: acted on after they are sent
         last = StreamEvent.before_any(engine_id, len(prompt_token_ids))
+        ended = False  # the engine is done with the request (finished, failed or refused)
         self._running.add(request_id, pending)
         try:
+            try:
+                await engine.open(prompt_token_ids, params, engine_id, pending)
+            except Exception as exc:  # admission refusals, engine shut down: the caller's error
+                ended = True
+                trace.failed(exc, server_fault=classify(exc).http_status >= 500)
+                raise
             while True:
-                first = held if held is not None else await pending.get()
+                first = held if held is not None else event_of(await pending.get())
                 # The first tokens always go at once (time to first token); later ones per the interval.
                 event, held = await coalesce_interval(
-                    first, pending, interval if last.completion_tokens else 1
+                    first, pending, interval if last.completion_tokens else 1, event_of
                 )
                 if event is running.ABORTED:
-                    yield last.aborted()
+                    yield last.aborted().to_wire()
                     return
-                if isinstance(event, Exception):
+                if isinstance(event, Exception):  # the request failed, or the engine shut down
+                    ended = True
+                    trace.failed(event, server_fault=classify(event).http_status >= 500)
                     raise event
-                yield event
+                yield event.to_wire()
                 last = event
                 if event.finished:
+                    ended = True
                     return
         finally:
             self._running.discard(request_id, pending)
-            task.cancel()  # closes the engine stream, which aborts an unfinished request
-            await asyncio.gather(task, return_exceptions=True)
+            if not ended:  # aborted, or the client left: the engine stops it and frees its KV pages
+                engine.abort(engine_id)
             trace.close()  # a request that left early ends its span here
 
     async def abort(self, request_id: str) -> int:

@@ -12,8 +12,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +62,15 @@ def wait_until(predicate, timeout_s: float = 60.0, interval_s: float = 0.1, what
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
         time.sleep(interval_s)
+
+
+async def decoded(stream: AsyncIterator) -> AsyncIterator:
+    """A target replica's `generate` called in-process, as the ingress reads it: StreamEvents."""
+    from deployments.events import received
+
+    async with aclosing(stream):
+        async for item in stream:
+            yield received(item)
 
 
 def app_args(model_dir: Path, **overrides) -> dict:

@@ -10,10 +10,10 @@ import time
 
 import pytest
 from ray import cloudpickle
-from serving import ENGINE, wait_until
+from serving import ENGINE, decoded, wait_until
 
 from deployments import running
-from deployments.events import StreamEvent, coalesce, coalesce_interval
+from deployments.events import StreamEvent, coalesce, coalesce_interval, received
 from deployments.grpc_api import _final
 from deployments.replica import TargetReplica
 from deployments.replica_state import RecentForwards, RecentRounds
@@ -59,7 +59,7 @@ async def stream_in_background(replica, request_id: str) -> asyncio.Task:
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 
     async def consume():
-        return [e async for e in replica.generate(prompt_ids(replica), params, request_id)]
+        return [e async for e in decoded(replica.generate(prompt_ids(replica), params, request_id))]
 
     task = asyncio.get_running_loop().create_task(consume())
     for _ in range(500):
@@ -74,7 +74,7 @@ def test_routing_stats_and_tau_window(replica):
         before = await replica.record_routing_stats()
         start = forward_counters()
         params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-        events = [e async for e in replica.generate(prompt_ids(replica), params, "r1")]
+        events = [e async for e in decoded(replica.generate(prompt_ids(replica), params, "r1"))]
         after = await replica.record_routing_stats()
         return before, start, events, after
 
@@ -202,7 +202,7 @@ def test_a_step_that_fails_for_no_one_request_makes_the_replica_unhealthy(replic
     async def run():
         params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
         with pytest.raises(EngineDeadError, match="engine step failed: RuntimeError\\('device lost'\\)"):
-            async for _ in replica.generate(prompt_ids(replica), params, "r1"):
+            async for _ in decoded(replica.generate(prompt_ids(replica), params, "r1")):
                 pass
         return await replica.record_routing_stats()
 
@@ -215,7 +215,7 @@ def test_a_step_that_fails_for_no_one_request_makes_the_replica_unhealthy(replic
 def test_shutdown_fails_in_flight_requests_explicitly(replica):
     async def run():
         params = SamplingParams(temperature=1.0, max_tokens=480, ignore_eos=True)
-        stream = replica.generate(prompt_ids(replica), params, "long")
+        stream = decoded(replica.generate(prompt_ids(replica), params, "long"))
         await stream.__anext__()
         replica.__del__()  # what Serve calls once graceful_shutdown_timeout_s ran out
         with pytest.raises(EngineDeadError):
@@ -330,6 +330,25 @@ def test_an_event_travels_as_builtins_and_arrives_equal():
     assert pickle.loads(pickle.dumps(_event(0, "a"))) == _event(0, "a")
 
 
+def test_an_event_travels_as_bytes_and_arrives_equal():
+    """A target replica streams each event as bytes (Ray passes bytes through unserialized); the ingress
+    reads them back equal, whatever the text (a lone surrogate too), and SGLang's event objects as is."""
+    spec = SpeculationStats(4, 20, 8, 3.0, proposed_tokens=21, accepted_by_position=(4, 3, 1))
+    attrs = {"dspark.tau": 3.0, "dspark.accepted_by_position": [4, 3, 1], "dspark.drafter": "ngram"}
+    events = [
+        StreamEvent("r.k", "é \ud800", (7, 8), True, "stop", 5, 9, spec, 2, attrs),
+        _event(0, "a"),
+        _event(1, "").aborted(),
+    ]
+    for event in events:
+        wire = event.to_wire()
+        assert type(wire) is bytes
+        back = received(wire)
+        assert back == event and type(back.token_ids) is tuple
+        assert type(back.speculation.accepted_by_position) is tuple
+        assert received(event) is event
+
+
 def test_routing_stats_name_the_cached_prompt_pages(replica):
     """What a router reads predicts the prefill a prompt skips here, exactly as the engine then skips it."""
     engine = replica.engine.engine
@@ -340,9 +359,9 @@ def test_routing_stats_name_the_cached_prompt_pages(replica):
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 
     async def run():
-        [e async for e in replica.generate(first, params, "r1")]
+        [e async for e in decoded(replica.generate(first, params, "r1"))]
         before = await replica.record_routing_stats()
-        events = [e async for e in replica.generate(second, params, "r2")]
+        events = [e async for e in decoded(replica.generate(second, params, "r2"))]
         return before, await replica.record_routing_stats(), events[-1]
 
     before, after, last = asyncio.run(run())
@@ -402,7 +421,7 @@ def test_a_replica_with_a_stream_interval_sends_fewer_messages_with_the_same_tok
     )
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     try:
-        events = asyncio.run(_collect(replica.generate(prompt_ids(replica), params, "si")))
+        events = asyncio.run(_collect(decoded(replica.generate(prompt_ids(replica), params, "si"))))
     finally:
         replica.__del__()
     expected = LLM(str(qwen3_dir), **ENGINE).generate(["def f(x):"], params)[0]

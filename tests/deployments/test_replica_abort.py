@@ -10,7 +10,7 @@ import asyncio
 import threading
 
 import pytest
-from serving import ENGINE
+from serving import ENGINE, decoded
 
 from deployments.replica import TargetReplica
 from deployments.running import RunningRequests
@@ -44,9 +44,9 @@ def test_abort_ends_every_request_under_the_label_and_only_those(replica):
 
     async def run():
         streams = [
-            replica.generate(ids(replica, "def f(x):"), LONG, "dup"),
-            replica.generate(ids(replica, "import os\n"), LONG, "dup"),
-            replica.generate(ids(replica, "class A:"), LONG, "other"),
+            decoded(replica.generate(ids(replica, "def f(x):"), LONG, "dup")),
+            decoded(replica.generate(ids(replica, "import os\n"), LONG, "dup")),
+            decoded(replica.generate(ids(replica, "class A:"), LONG, "other")),
         ]
         firsts = await asyncio.gather(*(s.__anext__() for s in streams))
         # Hold the engine so that no request can finish on its own before the abort lands.
@@ -80,7 +80,7 @@ def test_requests_sharing_a_label_stream_apart(replica, qwen3_dir):
 
     async def run():
         return await asyncio.gather(
-            *(drain(replica.generate(ids(replica, p), GREEDY, "same")) for p in prompts)
+            *(drain(decoded(replica.generate(ids(replica, p), GREEDY, "same"))) for p in prompts)
         )
 
     streams = asyncio.run(run())

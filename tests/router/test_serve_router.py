@@ -22,6 +22,7 @@ from serving import APP, ENGINE, app_args, wait_until
 
 from deployments import replicas
 from deployments.app import build_app
+from deployments.events import received
 from dspark.errors import AdmissionError
 from dspark.sampling_params import SamplingParams
 from dspark_client.proto import GenerationStub, pb
@@ -73,7 +74,7 @@ def send(handle, prompt_tokens: int, max_tokens: int, sla: Sla = STANDARD):
 def router_knows_every_replica(handle) -> bool:
     """Whether a request's decision saw both replicas with stats (one short request, consumed)."""
     route, stream = send(handle, 4, 1)
-    assert sum(len(event.token_ids) for event in stream) == 1
+    assert sum(len(received(event).token_ids) for event in stream) == 1
     scores = decisions.pop(route.key)["scores"]
     return len(scores) == 2 and all(score["tier"] != "unknown" for score in scores.values())
 
@@ -98,7 +99,7 @@ def test_requests_go_where_the_policy_says(routed):
     (other,) = set(before) - {holder}
     shorts = [send(routed, 10, 50) for _ in range(4)]  # 60 tokens: 4 pages each
     for route, stream in shorts:
-        assert sum(len(event.token_ids) for event in stream) == 50
+        assert sum(len(received(event).token_ids) for event in stream) == 50
         decision = decisions.pop(route.key)
         assert decision["ranking"] == [other] and decision["placed_on"] == other
         assert decision["excluded"] == {holder: "no KV room"}
@@ -211,7 +212,7 @@ def sum_finished(snapshot: dict[str, dict]) -> int:
 def admitted(handle) -> bool:
     route, stream = send(handle, 10, 50)
     try:
-        return sum(len(event.token_ids) for event in stream) == 50
+        return sum(len(received(event).token_ids) for event in stream) == 50
     except AdmissionError:
         return False
     finally:

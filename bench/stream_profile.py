@@ -58,6 +58,15 @@ def thread_cpu(pids: list[int]) -> collections.Counter:
     return by_name
 
 
+def engine_work(stats: dict, before: dict) -> str:
+    """What the engine did between two readings of its stats: generated tokens per step (the batch the
+    steps ran at) and step wall time per step, which GIL contention in the replica stretches."""
+    steps = stats["steps"] - before["steps"]
+    tokens = stats["generated_tokens"] - before["generated_tokens"]
+    seconds = stats["step_time_s"] - before["step_time_s"]
+    return f"{tokens / max(1, steps):.2f} tokens per step, {1000 * seconds / max(1, steps):.2f} ms per step"
+
+
 def top_functions(raw: Path, n: int = 15) -> list[tuple[str, float]]:
     """Inclusive share of each function over the sampled stacks that held the GIL (collapsed format:
     'a;b;c count'), the stack frames of threads that only wait left out by py-spy's --gil."""
@@ -93,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import openai
+    from ray import serve
     from serve import cpu_seconds, run_threads, serve_pids, start_stack  # bench/serve.py
     from transformers import AutoTokenizer
 
@@ -115,9 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         engine = AsyncEngine(EngineConfig(model=model, **engine_options))
         try:
             run_offline(engine, prompts[:1], args.max_tokens, 1)  # warm
-            cpu = time.process_time()
+            cpu, work = time.process_time(), engine.stats.to_dict()
             samples, wall = run_offline(engine, prompts, args.max_tokens, args.concurrency)
             cpu = time.process_time() - cpu
+            print(f"[offline] engine: {engine_work(engine.stats.to_dict(), work)}")
         finally:
             engine.shutdown()
         tokens = sum(s.tokens for s in samples)
@@ -132,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         direct_ingress=args.direct_ingress,
     )
     print(f"clients: HTTP {http_url}, gRPC {grpc_target}")
+    replica = serve.get_deployment_handle("TargetReplica", "bench")
     http = openai.OpenAI(base_url=http_url + "/v1", api_key="-", max_retries=0, timeout=600)
     client = dspark_client.Client(grpc_target, timeout_s=600)
     counts = collections.Counter()
@@ -197,11 +209,13 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(0.5)  # py-spy attaches (the counts below are ratios: two runs count alike)
             before = {name: cpu_seconds(p) for name, p in pids.items()}
             threads_before = {name: thread_cpu(p) for name, p in pids.items()}
+            work = replica.get_state.remote().result()["engine"]
             tokens = counts[f"{label}_tokens"]
             _, wall = run_threads(fn, prompts, args.concurrency)
             tokens = counts[f"{label}_tokens"] - tokens
             cpu = {name: cpu_seconds(p) - before[name] for name, p in pids.items()}
             print(f"[{label}] {tokens / wall:.0f} tok/s aggregate at concurrency {args.concurrency}")
+            print(f"[{label}] engine: {engine_work(replica.get_state.remote().result()['engine'], work)}")
             print(
                 f"[{label}] CPU ms per generated token: "
                 + ", ".join(
@@ -222,7 +236,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         client.close()
         import ray
-        from ray import serve
 
         serve.shutdown()
         ray.shutdown()

@@ -42,11 +42,11 @@ def record(spy: str, pid: int, seconds: float, out: Path) -> subprocess.Popen:
 
 
 def thread_cpu(pids: list[int]) -> collections.Counter:
-    """CPU seconds so far of these processes' threads, by thread name, same names summed: Ray's core
-    worker and gRPC name their C++ threads (worker.io, client.poll0, ...); Python's threads (the
-    engine's, the event loop, thread pools) all carry the process title (ray::IDLE)."""
+    """CPU seconds so far of these processes' threads, by (thread name, thread id): Ray's core worker
+    and gRPC name their C++ threads (worker.io, client.poll0, ...); Python's threads (the engine's,
+    the event loop, thread pools) all carry the process title (ray::IDLE)."""
     tick = os.sysconf("SC_CLK_TCK")
-    by_name: collections.Counter = collections.Counter()
+    by_thread: collections.Counter = collections.Counter()
     for pid in pids:
         for task in Path(f"/proc/{pid}/task").glob("*"):
             try:
@@ -54,8 +54,21 @@ def thread_cpu(pids: list[int]) -> collections.Counter:
             except OSError:
                 continue
             fields = rest.split()
-            by_name[head.partition("(")[2]] += (int(fields[11]) + int(fields[12])) / tick
-    return by_name
+            by_thread[head.partition("(")[2], task.name] += (int(fields[11]) + int(fields[12])) / tick
+    return by_thread
+
+
+def by_name(spent: collections.Counter, engine: bool) -> collections.Counter:
+    """CPU by thread name; with `engine`, the busiest thread (the replica's engine thread, which steps
+    the engine) apart from the other Python threads (Serve's request handling and streaming)."""
+    spent = collections.Counter(spent)
+    named: collections.Counter = collections.Counter()
+    if engine and spent:
+        busiest = max(spent, key=spent.__getitem__)
+        named["engine thread"] = spent.pop(busiest)
+    for (name, _), seconds in spent.items():
+        named[name] += seconds
+    return named
 
 
 def engine_work(stats: dict, before: dict) -> str:
@@ -125,15 +138,19 @@ def main(argv: list[str] | None = None) -> int:
         engine = AsyncEngine(EngineConfig(model=model, **engine_options))
         try:
             run_offline(engine, prompts[:1], args.max_tokens, 1)  # warm
-            cpu, work = time.process_time(), engine.stats.to_dict()
+            cpu, work, threads = time.process_time(), engine.stats.to_dict(), thread_cpu([os.getpid()])
             samples, wall = run_offline(engine, prompts, args.max_tokens, args.concurrency)
             cpu = time.process_time() - cpu
+            threads = thread_cpu([os.getpid()]) - threads
             print(f"[offline] engine: {engine_work(engine.stats.to_dict(), work)}")
         finally:
             engine.shutdown()
         tokens = sum(s.tokens for s in samples)
         print(f"[offline] {tokens / wall:.0f} tok/s aggregate at concurrency {args.concurrency}")
-        print(f"[offline] CPU ms per generated token: engine process {1000 * cpu / tokens:.2f}")
+        print(
+            f"[offline] CPU ms per generated token: engine process {1000 * cpu / tokens:.2f} "
+            f"(engine thread {1000 * by_name(threads, True)['engine thread'] / tokens:.2f})"
+        )
     http_url, grpc_target = start_stack(
         model,
         engine_options,
@@ -225,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, p in pids.items():
                 spent = thread_cpu(p)
                 spent.subtract(threads_before[name])
-                busy = [(t, s) for t, s in spent.most_common(6) if s > 0]
+                busy = [(t, s) for t, s in by_name(spent, name == "replica").most_common(7) if s > 0]
                 print(f"  {name} threads: " + ", ".join(f"{t} {1000 * s / tokens:.2f}" for t, s in busy))
             for proc in procs.values():
                 proc.wait()

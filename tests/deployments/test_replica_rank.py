@@ -10,7 +10,7 @@ import threading
 
 import pytest
 from ray.serve.schema import ReplicaRank
-from serving import ENGINE
+from serving import ENGINE, decoded
 
 from deployments.replica import TargetReplica
 from dspark.errors import AdmissionError
@@ -72,7 +72,7 @@ async def running_request(replica) -> asyncio.Task:
 
 
 async def collect(stream) -> list:
-    return [event async for event in stream]
+    return [event async for event in decoded(stream)]
 
 
 def test_a_new_rank_with_another_engine_rebuilds_it_after_the_running_request_finished(replica):

@@ -131,10 +131,12 @@ def main(argv: list[str] | None = None) -> int:
         "max_num_seqs": args.concurrency,
     }
     if args.offline:  # the engine alone in this process, same prompts and concurrency: the baseline
+        import torch
         from serve import run_offline
 
         from dspark import AsyncEngine, EngineConfig
 
+        torch.set_num_threads(args.threads)  # as the replica's engine (AppConfig.torch_num_threads)
         engine = AsyncEngine(EngineConfig(model=model, **engine_options))
         try:
             run_offline(engine, prompts[:1], args.max_tokens, 1)  # warm

@@ -115,19 +115,18 @@ async def _sse(
 ) -> AsyncIterator[bytes]:
     model, created = frontend.model_name, frontend.created
     first, last = True, stream.first
+    text_chunk = fmt.TextChunks(rid, model, created, chat)  # most chunks: the per-token path
     try:
         async with aclosing(stream.events()) as events:
             async for event in events:
                 last = event
                 if not (event.text or event.finished or (chat and first)):
                     continue  # a step that produced no printable text yet (an incomplete UTF-8 char)
-                chunk = (
-                    fmt.chat_chunk(rid, model, created, event, first)
-                    if chat
-                    else fmt.completion_chunk(rid, model, created, event)
-                )
+                if chat and first:
+                    yield fmt.sse(fmt.chat_chunk(rid, model, created, event, first))
+                else:
+                    yield text_chunk(event)
                 first = False
-                yield fmt.sse(chunk)
         if include_usage:
             yield fmt.sse(fmt.usage_chunk(rid, model, created, last, chat))
     except Exception as exc:  # mid-stream failure (engine shut down): say so, then end the stream

@@ -1,0 +1,39 @@
+"""SSE chunks of text alone, built from the stream's fixed frame, are byte for byte the general path's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from deployments import openai_format as fmt
+from deployments.events import StreamEvent
+from dspark.outputs import SpeculationStats
+
+TEXTS = ["", " hello", 'say "hi"\n\tthen \\ leave', "é中文🙂", "\x00\x1f", "</script>", "\ud800"]
+
+
+def event(text: str, finished: bool = False) -> StreamEvent:
+    reason = "length" if finished else None
+    return StreamEvent("r", text, (1,), finished, reason, 3, 4, SpeculationStats(2, 4, 1, 1.5))
+
+
+@pytest.mark.parametrize("chat", [False, True])
+@pytest.mark.parametrize("rid", ["cmpl-1f2e", 'odd "id" \x00dspark-text\x00'])
+def test_text_chunks_equal_the_general_chunks(chat, rid):
+    chunks = fmt.TextChunks(rid, "target", 1_700_000_000, chat)
+
+    def general(e: StreamEvent) -> bytes:
+        if chat:
+            return fmt.sse(fmt.chat_chunk(rid, "target", 1_700_000_000, e, first=False))
+        return fmt.sse(fmt.completion_chunk(rid, "target", 1_700_000_000, e))
+
+    for text in TEXTS:
+        for finished in (False, True):
+            e = event(text, finished)
+            assert chunks(e) == general(e)
+    # The bytes parse as the chunk they stand for (the SSE framing around one JSON object).
+    parsed = json.loads(chunks(event("é\n")).removeprefix(b"data: ").removesuffix(b"\n\n"))
+    choice = parsed["choices"][0]
+    assert (choice["delta"]["content"] if chat else choice["text"]) == "é\n"
+    assert parsed["id"] == rid and choice["finish_reason"] is None

@@ -17,7 +17,7 @@ import math
 import random
 import threading
 from collections.abc import Container, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from router import decisions
 from router.policy import Decision, Newcomer, PolicyConfig, ReplicaState, Sla, decide
@@ -53,6 +53,7 @@ class _Parsed:
     prefix_caching: bool  # the replica caches prompt pages (its stats' prefix_cache is enabled)
     prompt_tokens: int | None  # cumulative prompt tokens admitted, as of this version
     prefill_rate: float | None  # prompt tokens per second reaching the replica (None: not measured yet)
+    with_sent: _Held | None = None  # the pushed pages with those this router sent since (see _state)
 
 
 def _prefill_rate(before: _Parsed | None, version: object, admitted: int | None) -> float | None:
@@ -103,8 +104,12 @@ class Balancer:
         """
         with self._lock:
             self.ledger.withdraw(key)
-            states = [self._state(rid, s, now) for rid, s in stats.items()]
-            decision = decide(states, newcomer, self.config, self._rng)
+            states, ages = [], []
+            for rid, s in stats.items():
+                state, age = self._state(rid, s, now)
+                states.append(state)
+                ages.append(age)
+            decision = decide(states, newcomer, self.config, self._rng, ages)
             if decision.action == "route":
                 first = decision.ranking[0]
                 self.ledger.sent(first, key, newcomer, self._page_size(first), now)
@@ -131,11 +136,16 @@ class Balancer:
             self._sent_pages.pop(replica_id, None)
 
     def states(self, stats: Mapping[str, Mapping | None], now: float) -> list[ReplicaState]:
-        """What decide() would see now (for tests and the admin view)."""
+        """What decide() would see now, each state with its age (for tests and the admin view)."""
         with self._lock:
-            return [self._state(rid, s, now) for rid, s in stats.items()]
+            return [
+                replace(state, age_s=age) for state, age in (self._state(r, s, now) for r, s in stats.items())
+            ]
 
-    def _state(self, replica_id: str, stats: Mapping | None, now: float) -> ReplicaState:
+    def _state(self, replica_id: str, stats: Mapping | None, now: float) -> tuple[ReplicaState, float]:
+        """The replica's state, corrected by the ledger, and its signals' age now. The state leaves the
+        age out (inf) so that it stays the same object, not rebuilt, from one decision to the next while
+        neither the stats nor the ledger change: decide() takes the ages beside the states."""
         parsed = self._parsed.get(replica_id)
         version = stats.get("ts") if stats else None
         if parsed is None or parsed.version != version:
@@ -149,14 +159,17 @@ class Balancer:
             caching = bool(stats and (stats.get("prefix_cache") or {}).get("enabled"))
             parsed = _Parsed(version, snapshot_at, base, held, caching, admitted, rate)
             self._parsed[replica_id] = parsed
-        state = parsed.state
+        state, age = parsed.state, now - parsed.snapshot_at  # inf without stats: snapshot_at is -inf
         if not stats:
-            return self.ledger.apply(state, parsed.held, parsed.snapshot_at, now)
+            return self.ledger.apply(state, parsed.held, parsed.snapshot_at, now), age
         sent = self._recent_pages(replica_id, now)
-        cached = _Held(state.cached_prefix, sent) if sent else state.cached_prefix
-        return self.ledger.apply(
-            state, parsed.held, parsed.snapshot_at, now, now - parsed.snapshot_at, cached
-        )
+        cached = state.cached_prefix
+        if sent:
+            # One view per sent-pages dict (it is read live), so the ledger can keep its corrected state.
+            if parsed.with_sent is None or parsed.with_sent.sent is not sent:
+                parsed.with_sent = _Held(state.cached_prefix, sent)
+            cached = parsed.with_sent
+        return self.ledger.apply(state, parsed.held, parsed.snapshot_at, now, None, cached), age
 
     def _remember_pages(self, replica_id: str, newcomer: Newcomer, now: float) -> None:
         parsed = self._parsed.get(replica_id)

@@ -160,7 +160,9 @@ class ReplicaState:
     max_num_seqs: int = 1
     running_slas: tuple[Sla, ...] = ()  # one per class running there (targets decide the harm)
     remaining_tokens: tuple[int, ...] = ()  # running requests' tokens left to max_tokens, ascending
-    age_s: float = math.inf  # how old the pushed stats are
+    # How old the pushed stats are. The balancer keeps it inf and gives decide() each state's age beside
+    # it: the age moves with the clock, so a state carrying it would be rebuilt for every decision.
+    age_s: float = math.inf
     healthy: bool = True
     prefill_rate: float = 0.0  # prompt tokens per second arriving lately (router/signals.py); 0: none seen
     # Prefix caching: the short hashes of the prompt pages this replica holds (its pushed summary and
@@ -458,24 +460,31 @@ def exclusion(state: ReplicaState, newcomer: Newcomer) -> str | None:
     return None
 
 
-def tier(state: ReplicaState, config: PolicyConfig) -> int:
+def tier(state: ReplicaState, config: PolicyConfig, age_s: float | None = None) -> int:
+    """0 fresh, 1 stale, 2 no signals; `age_s`: the signals' age when not the state's own."""
     if state.speed is None:
         return 2
-    return 0 if state.age_s <= config.stale_after_s else 1
+    return 0 if (state.age_s if age_s is None else age_s) <= config.stale_after_s else 1
 
 
 def decide(
-    replicas: Sequence[ReplicaState], newcomer: Newcomer, config: PolicyConfig, rng: random.Random
+    replicas: Sequence[ReplicaState],
+    newcomer: Newcomer,
+    config: PolicyConfig,
+    rng: random.Random,
+    ages: Sequence[float] | None = None,
 ) -> Decision:
+    """Rank `replicas` for `newcomer`. `ages`: each replica's signal age, in the same order, when their
+    states do not carry it (the only thing age decides is the fresh/stale tier)."""
     excluded: dict[str, str] = {}
     candidates: list[Candidate] = []
     inflow = inflow_rate(replicas) if config.prefill_aware else None
-    for state in replicas:
+    for state, age_s in zip(replicas, ages if ages is not None else [s.age_s for s in replicas], strict=True):
         reason = exclusion(state, newcomer)
         if reason is not None:
             excluded[state.replica_id] = reason
             continue
-        t = tier(state, config)
+        t = tier(state, config, age_s)
         candidates.append(Candidate(state, t, predict(state, newcomer, inflow) if t < 2 else None))
     sla = newcomer.sla
     if not candidates:

@@ -157,10 +157,12 @@ class _Replica:
     added_max_tokens: list[int] = field(default_factory=list)  # ascending
     gone: int = 0
     gone_pages: int = 0
-    # Merged tuples for the last base state seen, valid while neither side changes.
-    version: int = 0  # bumped when added_max_tokens or slas change
+    # Merged tuples for the last base state seen, and the last corrected state, valid while neither side
+    # changes.
+    version: int = 0  # bumped when any total, added_max_tokens or slas change
     remaining_memo: tuple = (None, -1, ())  # (base remaining_tokens, version, merged)
     slas_memo: tuple = (None, -1, ())  # (base running_slas, version, merged)
+    applied: tuple = (None, -1, None, None, None)  # (base state, version, age_s, cached_prefix, corrected)
 
     def enter(self, key: str, entry: Sent) -> None:
         self.live[key] = entry
@@ -212,6 +214,7 @@ class _Replica:
                 self.done.append((t, entry))
                 self.gone += 1
                 self.gone_pages += entry.pages
+                self.version += 1
             elif t > snapshot_at:
                 self.done.append((t, entry))
         self.pending = []
@@ -288,8 +291,8 @@ class Ledger:
     ) -> ReplicaState:
         """`state`, from a snapshot taken at `snapshot_at` that holds the route keys `held`, corrected by
         what this router sent that it does not hold and saw finish that it still holds; with `age_s`
-        and `cached_prefix` when given (one new state per call, not one per change: this runs on every
-        candidate of every decision)."""
+        and `cached_prefix` when given. This runs on every candidate of every decision: a corrected
+        state is built once per change, not per call (the same arguments and totals: the same object)."""
         age_s = state.age_s if age_s is None else age_s
         cached_prefix = state.cached_prefix if cached_prefix is None else cached_prefix
         replica = self._replicas.get(state.replica_id)
@@ -298,10 +301,14 @@ class Ledger:
             self._expire(replica, now)
             replica.view(held, snapshot_at)
             added, gone = replica.added, replica.gone
+        if not added and not gone and age_s == state.age_s and cached_prefix is state.cached_prefix:
+            return state
+        if replica is not None:
+            base, version, age, cached, corrected = replica.applied
+            if base is state and version == replica.version and age == age_s and cached is cached_prefix:
+                return corrected
         if not added and not gone:
-            if age_s == state.age_s and cached_prefix is state.cached_prefix:
-                return state
-            return ReplicaState(
+            corrected = ReplicaState(
                 state.replica_id,
                 state.speed,
                 state.running,
@@ -318,27 +325,33 @@ class Ledger:
                 state.prefill_rate,
                 cached_prefix,
             )
-        remaining_tokens, running_slas = replica.merged(state)
-        running = max(0, state.running - gone)
-        queued = state.queued + added - max(0, gone - state.running)
-        free_pages = state.free_pages - replica.added_pages + replica.gone_pages
-        return ReplicaState(
-            replica_id=state.replica_id,
-            speed=state.speed,
-            running=running,
-            queued=max(0, queued),
-            queued_prefill_tokens=state.queued_prefill_tokens + replica.added_prompt_tokens,
-            free_pages=min(state.total_pages, free_pages) if state.speed is not None else state.free_pages,
-            total_pages=state.total_pages,
-            page_size=state.page_size,
-            max_num_seqs=state.max_num_seqs,
-            running_slas=running_slas,
-            remaining_tokens=remaining_tokens,
-            age_s=age_s,
-            healthy=state.healthy,
-            prefill_rate=state.prefill_rate,
-            cached_prefix=cached_prefix,
-        )
+        else:
+            remaining_tokens, running_slas = replica.merged(state)
+            running = max(0, state.running - gone)
+            queued = state.queued + added - max(0, gone - state.running)
+            free_pages = state.free_pages - replica.added_pages + replica.gone_pages
+            corrected = ReplicaState(
+                replica_id=state.replica_id,
+                speed=state.speed,
+                running=running,
+                queued=max(0, queued),
+                queued_prefill_tokens=state.queued_prefill_tokens + replica.added_prompt_tokens,
+                free_pages=min(state.total_pages, free_pages)
+                if state.speed is not None
+                else state.free_pages,
+                total_pages=state.total_pages,
+                page_size=state.page_size,
+                max_num_seqs=state.max_num_seqs,
+                running_slas=running_slas,
+                remaining_tokens=remaining_tokens,
+                age_s=age_s,
+                healthy=state.healthy,
+                prefill_rate=state.prefill_rate,
+                cached_prefix=cached_prefix,
+            )
+        if replica is not None:
+            replica.applied = (state, replica.version, age_s, cached_prefix, corrected)
+        return corrected
 
     def _drop(self, key: str) -> None:
         replica_id = self._where.pop(key, None)

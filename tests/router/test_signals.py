@@ -181,6 +181,21 @@ def test_signals_age_from_the_snapshot_and_never_look_fresher_than_first_seen():
     assert state.speed is None and math.isinf(state.age_s)
 
 
+def test_a_state_is_kept_between_decisions_while_only_its_age_moves():
+    # Age decides only the fresh/stale tier, so the balancer gives it beside the state, which it keeps
+    # (not rebuilt per decision) until the replica's stats or the ledger's count for it change.
+    lb = balancer()
+    replicas = {"a": stats(100.0, running_requests=0), "b": stats(100.0, running_requests=5)}
+    fresh = lb.decide(Newcomer(10, 10, STANDARD), "k0", replicas, now=100.5)
+    stale = lb.decide(Newcomer(10, 10, STANDARD), "k1", replicas, now=101.5)
+    assert fresh.ranking[0] == "a"  # its ledger count changed: a new state for the second decision
+    before, after = ({c.state.replica_id: c for c in d.candidates} for d in (fresh, stale))
+    assert after["b"].state is before["b"].state and after["a"].state is not before["a"].state
+    assert {c.tier for c in before.values()} == {0} and {c.tier for c in after.values()} == {1}
+    assert {s["tier"] for s in stale.to_dict()["scores"].values()} == {"stale"}
+    assert [s.age_s for s in lb.states(replicas, now=101.5)] == [1.5, 1.5]
+
+
 def test_decisions_reach_the_trace_with_where_serve_placed_them():
     lb = balancer()
     request = Newcomer(10, 10, STANDARD, key="trace-key")

@@ -587,6 +587,10 @@ def time_until_room(
         0, state.load - len(state.remaining_tokens)
     )
     left.sort()
+    # The newcomer's own prompt, less its cached prefix, as predict() counts it: its TTFT is checked first
+    # (a long prompt misses it until most requests have finished, and then the rest need no prediction).
+    prompt = max(1, newcomer.prompt_tokens - cached_tokens(state, newcomer))
+    target = newcomer.sla.ttft_s
     for finished in range(state.load + 1):
         wait = max(drain, left[finished - 1] * per_token) if finished else drain
         if wait >= within:
@@ -608,6 +612,8 @@ def time_until_room(
             state.prefill_rate,
             state.cached_prefix,
         )
-        if exclusion(after, newcomer) is None and predict(after, newcomer, inflow_rate).slack >= 0:
+        if exclusion(after, newcomer) is not None or (target - ttft(after, prompt)) / target < 0:
+            continue
+        if predict(after, newcomer, inflow_rate).slack >= 0:
             return wait
     return math.inf

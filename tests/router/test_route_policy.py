@@ -18,6 +18,7 @@ from router.policy import (
     SpsTable,
     cached_tokens,
     decide,
+    exclusion,
     inflow_rate,
     predict,
     prefill_per_step,
@@ -214,6 +215,59 @@ def test_retry_hint_is_when_the_soonest_finishers_leave_room():
         )
     # Targets no idle replica can meet: no wait helps.
     assert time_until_room(crowded, request(replace(sla, tpot_s=0.001))) == math.inf
+
+
+def test_the_wait_for_room_is_the_plain_scans_over_random_replicas_and_long_prompts():
+    # time_until_room checks the newcomer's TTFT before the full prediction: the same waits as the plain
+    # scan (predict at every moment) over random replicas, prompts long enough that the TTFT binds, and
+    # cached prefixes.
+    rng = random.Random(11)
+    pages = PromptPages(16, tuple(f"h{i}" for i in range(8)))
+    checked = set()
+    for _ in range(300):
+        running = rng.randint(0, 120)
+        state = replica(
+            "r",
+            rng.choice((FAST, PLAIN)),
+            running=running,
+            queued=rng.randint(0, 3),
+            queued_prefill_tokens=rng.choice((0, 200, 3000)),
+            free_pages=rng.randint(0, 400),
+            total_pages=1000,
+            remaining_tokens=tuple(sorted(rng.randint(1, 300) for _ in range(running))),
+            running_slas=(LOOSE,),
+            cached_prefix=frozenset(pages.hashes[: rng.randint(0, 8)]),
+        )
+        sla = Sla(
+            "interactive", ttft_s=rng.choice((0.3, 1.0, 1.3, 2.0, 5.0)), tpot_s=rng.choice((0.01, 0.05))
+        )
+        newcomer = Newcomer(rng.choice((50, 2000, 6000, 16384)), rng.choice((1, 100)), sla, prefix=pages)
+        want, missed = math.inf, False
+        for finished in range(state.load + 1):
+            left = sorted(
+                (*state.remaining_tokens, *[newcomer.max_tokens] * (state.load - len(state.remaining_tokens)))
+            )
+            per_token = tpot(state.speed, max(state.load, 1))
+            drain = ttft(state, 0) if state.queued_prefill_tokens else 0.0
+            used = (state.total_pages - state.free_pages) / state.load if state.load else 0.0
+            after = replace(
+                state,
+                running=state.load - finished,
+                queued=0,
+                queued_prefill_tokens=0,
+                free_pages=state.free_pages + round(finished * used),
+                remaining_tokens=tuple(left[finished:]),
+            )
+            prediction = predict(after, newcomer) if exclusion(after, newcomer) is None else None
+            if prediction is not None and prediction.slack >= 0:
+                want = max(drain, left[finished - 1] * per_token) if finished else drain
+                checked.add("fits after its TTFT missed" if missed else "fits")
+                break
+            missed = missed or (prediction is not None and prediction.ttft_s > sla.ttft_s)
+        else:
+            checked.add("never")
+        assert time_until_room(state, newcomer) == want
+    assert checked == {"fits", "fits after its TTFT missed", "never"}
 
 
 def test_a_request_that_fits_no_cache_is_refused_at_once_whatever_its_class():

@@ -169,7 +169,7 @@ class Balancer:
             if parsed.with_sent is None or parsed.with_sent.sent is not sent:
                 parsed.with_sent = _Held(state.cached_prefix, sent)
             cached = parsed.with_sent
-        return self.ledger.apply(state, parsed.held, parsed.snapshot_at, now, None, cached), age
+        return self.ledger.apply(state, parsed.held, parsed.snapshot_at, now, cached), age
 
     def _remember_pages(self, replica_id: str, newcomer: Newcomer, now: float) -> None:
         parsed = self._parsed.get(replica_id)

@@ -30,7 +30,7 @@ import bisect
 import heapq
 import math
 from collections.abc import Collection, Container, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from router.policy import Newcomer, ReplicaState, Sla, Speed, SpsTable, pages_for, tau
 
@@ -162,7 +162,7 @@ class _Replica:
     version: int = 0  # bumped when any total, added_max_tokens or slas change
     remaining_memo: tuple = (None, -1, ())  # (base remaining_tokens, version, merged)
     slas_memo: tuple = (None, -1, ())  # (base running_slas, version, merged)
-    applied: tuple = (None, -1, None, None, None)  # (base state, version, age_s, cached_prefix, corrected)
+    applied: tuple = (None, -1, None, None)  # (base state, version, cached_prefix, corrected)
 
     def enter(self, key: str, entry: Sent) -> None:
         self.live[key] = entry
@@ -286,14 +286,13 @@ class Ledger:
         held: Collection[str],
         snapshot_at: float,
         now: float,
-        age_s: float | None = None,
         cached_prefix: Container[str] | None = None,
     ) -> ReplicaState:
         """`state`, from a snapshot taken at `snapshot_at` that holds the route keys `held`, corrected by
-        what this router sent that it does not hold and saw finish that it still holds; with `age_s`
-        and `cached_prefix` when given. This runs on every candidate of every decision: a corrected
+        what this router sent that it does not hold and saw finish that it still holds; with
+        `cached_prefix` when given. The state's age is kept as it is (the router passes ages beside
+        states: router/balancer.py). This runs on every candidate of every decision: a corrected
         state is built once per change, not per call (the same arguments and totals: the same object)."""
-        age_s = state.age_s if age_s is None else age_s
         cached_prefix = state.cached_prefix if cached_prefix is None else cached_prefix
         replica = self._replicas.get(state.replica_id)
         added = gone = 0
@@ -301,30 +300,14 @@ class Ledger:
             self._expire(replica, now)
             replica.view(held, snapshot_at)
             added, gone = replica.added, replica.gone
-        if not added and not gone and age_s == state.age_s and cached_prefix is state.cached_prefix:
+        if not added and not gone and cached_prefix is state.cached_prefix:
             return state
         if replica is not None:
-            base, version, age, cached, corrected = replica.applied
-            if base is state and version == replica.version and age == age_s and cached is cached_prefix:
+            base, version, cached, corrected = replica.applied
+            if base is state and version == replica.version and cached is cached_prefix:
                 return corrected
         if not added and not gone:
-            corrected = ReplicaState(
-                state.replica_id,
-                state.speed,
-                state.running,
-                state.queued,
-                state.queued_prefill_tokens,
-                state.free_pages,
-                state.total_pages,
-                state.page_size,
-                state.max_num_seqs,
-                state.running_slas,
-                state.remaining_tokens,
-                age_s,
-                state.healthy,
-                state.prefill_rate,
-                cached_prefix,
-            )
+            corrected = replace(state, cached_prefix=cached_prefix)
         else:
             remaining_tokens, running_slas = replica.merged(state)
             running = max(0, state.running - gone)
@@ -344,13 +327,13 @@ class Ledger:
                 max_num_seqs=state.max_num_seqs,
                 running_slas=running_slas,
                 remaining_tokens=remaining_tokens,
-                age_s=age_s,
+                age_s=state.age_s,
                 healthy=state.healthy,
                 prefill_rate=state.prefill_rate,
                 cached_prefix=cached_prefix,
             )
         if replica is not None:
-            replica.applied = (state, replica.version, age_s, cached_prefix, corrected)
+            replica.applied = (state, replica.version, cached_prefix, corrected)
         return corrected
 
     def _drop(self, key: str) -> None:

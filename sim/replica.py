@@ -40,7 +40,6 @@ class SimSeq:
     computed: int = 0  # tokens whose K/V is in the cache
     generated: int = 0
     decoding: bool = False
-    pages: int = 0  # KV pages its table holds: PageManager is asked only when that must change
 
     @property
     def remaining(self) -> int:
@@ -180,17 +179,10 @@ class SimReplica:
             self.serving_debt_s = 0.0  # an idle engine leaves the lock to the serving work
             return None
         tokens = budget - left
-        ensure, size = self.pages.ensure, self.pages.page_size
         for s, n in zip(decoding, lengths):
-            need = -(-(s.computed + 1 + n) // size)
-            if need > s.pages:
-                ensure(s.key, s.computed + 1 + n)
-                s.pages = need
+            self.pages.ensure(s.key, s.computed + 1 + n)
         for s, n in chunks:
-            need = -(-(s.computed + n) // size)
-            if need > s.pages:
-                ensure(s.key, s.computed + n)
-                s.pages = need
+            self.pages.ensure(s.key, s.computed + n)
         used = self.pages.num_pages - self.pages.num_free_pages
         self.counters.max_pages_used = max(self.counters.max_pages_used, used)
         drafters = sum(1 for c in caps if c > 0)
@@ -238,7 +230,6 @@ class SimReplica:
         first, done = [], []
         rng = self.rng.random
         seqs, truncate, acceptance = self.seqs, self.pages.truncate, self.profile.acceptance
-        size = self.pages.page_size
         verify_accept = c.verify_accept
         rounds = drafted = accepted_total = 0
         for s, n in zip(plan.decoding, plan.lengths):
@@ -252,10 +243,7 @@ class SimReplica:
             if n:
                 verify_accept[n, a] += 1
             s.computed += 1 + a
-            keep = -(-s.computed // size)
-            if keep < s.pages:  # the rejected drafts' pages go back
-                truncate(s.key, s.computed)
-                s.pages = keep
+            truncate(s.key, s.computed)
             s.generated += a + 1
             rounds += 1
             drafted += n

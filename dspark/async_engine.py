@@ -210,15 +210,15 @@ class AsyncEngine:
             if target is None:
                 continue
             loop, stream = target
-            batches.setdefault(loop, []).append((stream, out if out.error is None else out.error))
+            batches.setdefault(loop, []).append(
+                (out.request_id, stream, out if out.error is None else out.error)
+            )
             if out.finished:
                 del self._streams[out.request_id]
         for loop, batch in batches.items():
             if not _notify(loop, _put_all, batch):  # that loop is closed: nobody listens to its streams
-                gone = {id(stream) for stream, _ in batch}
-                for request_id, (_, stream) in list(self._streams.items()):
-                    if id(stream) in gone:
-                        del self._streams[request_id]
+                for request_id, _, _ in batch:
+                    self._streams.pop(request_id, None)
 
     def _send(self, request_id: str, item, last: bool) -> None:
         target = self._streams.get(request_id)
@@ -244,8 +244,8 @@ def _notify(loop: asyncio.AbstractEventLoop, fn, *args) -> bool:
     return True
 
 
-def _put_all(batch: list[tuple[asyncio.Queue, object]]) -> None:
-    for stream, item in batch:
+def _put_all(batch: list[tuple[str, asyncio.Queue, object]]) -> None:
+    for _, stream, item in batch:
         stream.put_nowait(item)
 
 

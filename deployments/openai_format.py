@@ -7,9 +7,9 @@ official client keeps as an extra field.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from deployments.events import StreamEvent
-from dspark.outputs import SpeculationStats
 
 
 def sse(data: dict | str) -> bytes:
@@ -111,7 +111,7 @@ class TextChunks:
 
 
 def _text_only(text: str) -> StreamEvent:
-    return StreamEvent("", text, (), False, None, 0, 0, SpeculationStats(0, 0, 0, 0.0))
+    return replace(StreamEvent.before_any("", 0), text=text)
 
 
 def usage_chunk(rid: str, model: str, created: int, last: StreamEvent, chat: bool) -> dict:

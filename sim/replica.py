@@ -148,20 +148,15 @@ class SimReplica:
         step_cap = budget - len(decoding)
         if self.budget.max_step_tokens is not None:
             step_cap = min(step_cap, self.budget.max_step_tokens)
+        caps = []
+        limits: dict[str, int | None] = {}  # the budget's cap per SLA class, looked up once a step
         gamma, request_cap = self.gamma, self.budget.request_cap
-        if not self.budget.max_request_tokens_by_class:  # one cap for every class: one min per request
-            limit = self.budget.max_request_tokens
-            top = min(gamma, step_cap) if limit is None else min(gamma, step_cap, limit)
-            caps = [max(0, min(top, s.req.max_tokens - s.generated - 1)) for s in decoding]
-        else:
-            caps = []
-            limits: dict[str, int | None] = {}  # the budget's cap per SLA class, looked up once a step
-            for s in decoding:
-                req = s.req
-                cap = min(gamma, req.max_tokens - s.generated - 1, step_cap)
-                cls = req.sla_class
-                limit = limits[cls] if cls in limits else limits.setdefault(cls, request_cap(cls))
-                caps.append(max(0, cap if limit is None else min(cap, limit)))
+        for s in decoding:
+            req = s.req
+            cap = min(gamma, req.max_tokens - s.generated - 1, step_cap)
+            cls = req.sla_class
+            limit = limits[cls] if cls in limits else limits.setdefault(cls, request_cap(cls))
+            caps.append(max(0, cap if limit is None else min(cap, limit)))
         drafting = self.gate is None or self.gate.should_draft(len(decoding), self.table)
         if not drafting:
             caps = [0] * len(caps)

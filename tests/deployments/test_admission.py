@@ -15,33 +15,41 @@ from test_openai_http import raw_post
 import dspark_client
 from deployments.app import build_app
 
+# 31 pages of 16 tokens: one running request of ~485 tokens leaves no room for a second.
+SMALL_KV = {**ENGINE, "num_kv_pages": 31}
+
+
+def assert_kv_full_is_a_429(stack, prefix: str = "", application: str = "") -> None:
+    """While one stream holds every KV page of the app's only replica (engine SMALL_KV), a newcomer is
+    refused by the engine: HTTP 429 with an OpenAI overloaded body, gRPC RESOURCE_EXHAUSTED with its
+    retry hint naming the KV cache; the running stream is untouched."""
+    with dspark_client.Client(
+        stack.grpc_target, application=application, retry=dspark_client.NO_RETRY
+    ) as client:
+        holder = client.stream("def f(x):", max_tokens=480, temperature=1.0, ignore_eos=True)
+        next(holder)  # admitted and running
+        body = json.dumps({"prompt": "def g(y):", "max_tokens": 60}).encode()
+        status, payload = raw_post(stack, prefix + "/v1/completions", body)
+        assert status == 429 and payload["error"]["type"] == "overloaded_error", payload
+        with pytest.raises(dspark_client.ResourceExhaustedError) as err:
+            client.generate("def g(y):", max_tokens=60)
+        assert err.value.retry_after_s == 1.0 and "KV cache exhausted" in err.value.message
+        assert holder.completion is None  # still running: the refusals were about its blocks
+        holder.cancel()
+
 
 @pytest.mark.slow
 def test_full_kv_cache_is_a_429_with_retry_hint(serve_stack):
-    # 31 blocks of 16 tokens: one running request of ~485 tokens leaves no room for a second.
-    engine = {**ENGINE, "num_kv_pages": 31}
     # The engine's own refusal, behind Serve's default router: the SLA router would refuse first, from
     # its predictions (tests/router/test_serve_router.py); this is the last line, for requests that
     # reach a full replica anyway (several ingress routers deciding at once).
     serve.run(
-        build_app(app_args(serve_stack.model_dir, engine=engine, num_replicas=1, router="pow2")),
+        build_app(app_args(serve_stack.model_dir, engine=SMALL_KV, num_replicas=1, router="pow2")),
         name="small",
         route_prefix="/small",
     )
     try:
-        with dspark_client.Client(
-            serve_stack.grpc_target, application="small", retry=dspark_client.NO_RETRY
-        ) as client:
-            holder = client.stream("def f(x):", max_tokens=480, temperature=1.0, ignore_eos=True)
-            next(holder)  # admitted and running
-            body = json.dumps({"prompt": "def g(y):", "max_tokens": 60}).encode()
-            status, payload = raw_post(serve_stack, "/small/v1/completions", body)
-            assert status == 429 and payload["error"]["type"] == "overloaded_error", payload
-            with pytest.raises(dspark_client.ResourceExhaustedError) as err:
-                client.generate("def g(y):", max_tokens=60)
-            assert err.value.retry_after_s == 1.0 and "KV cache exhausted" in err.value.message
-            assert holder.completion is None  # still running: the refusals were about its blocks
-            holder.cancel()
+        assert_kv_full_is_a_429(serve_stack, "/small", "small")
     finally:
         serve.delete("small")
 

@@ -12,11 +12,10 @@ import openai
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ray import serve
-from serving import APP, ENGINE, Stack, app_args, own_stack
-from test_admission import TIGHT, assert_ingress_full_is_a_429
+from serving import APP, Stack, app_args, own_stack
+from test_admission import SMALL_KV, TIGHT, assert_ingress_full_is_a_429, assert_kv_full_is_a_429
 from test_openai_http import raw_post
 
-import dspark_client
 from deployments.app import build_app
 from deployments.direct_ingress import LOCAL_DIRECT_INGRESS_ENV, endpoints_of, wait_for_endpoints
 from dspark import LLM, SamplingParams
@@ -24,9 +23,6 @@ from dspark_client.proto import GenerationStub
 from dspark_client.types import build_request
 
 PROMPT = "def wrap(text, width):"
-# 31 pages of 16 tokens: one running request of ~485 tokens leaves no room for a second (as in
-# tests/deployments/test_admission.py), so the same stack also shows the 429.
-SMALL_KV = {**ENGINE, "num_kv_pages": 31}
 
 
 def test_endpoints_are_the_apps_own_replicas():
@@ -107,17 +103,7 @@ def test_bad_input_names_the_field_on_both_surfaces(direct):
 
 @pytest.mark.slow
 def test_full_kv_cache_is_a_429_with_retry_hint(direct):
-    with dspark_client.Client(direct.grpc_target, retry=dspark_client.NO_RETRY) as client:
-        holder = client.stream("def f(x):", max_tokens=480, temperature=1.0, ignore_eos=True)
-        next(holder)  # admitted and running
-        body = json.dumps({"prompt": "def g(y):", "max_tokens": 60}).encode()
-        status, payload = raw_post(direct, "/v1/completions", body)
-        assert status == 429 and payload["error"]["type"] == "overloaded_error", payload
-        with pytest.raises(dspark_client.ResourceExhaustedError) as err:
-            client.generate("def g(y):", max_tokens=60)
-        assert err.value.retry_after_s == 1.0 and "KV cache exhausted" in err.value.message
-        assert holder.completion is None  # still running: the refusals were about its blocks
-        holder.cancel()
+    assert_kv_full_is_a_429(direct)
 
 
 @pytest.mark.slow

@@ -29,6 +29,7 @@ models: install
 bench: models
 	$(PY) bench/speed.py --model $(MODELS)/target
 	OMP_NUM_THREADS=1 $(PY) bench/accept.py --models $(MODELS)
+	OMP_NUM_THREADS=1 $(PY) bench/demo_quality.py --models $(MODELS)
 	$(PY) bench/load.py --models $(MODELS) --reprofile
 	$(PY) bench/serve.py --model $(MODELS)/target --drafter dspark --num-speculative-tokens 7 --prompts 16 \
 		--max-tokens 64 --repeats 2 --direct-ingress

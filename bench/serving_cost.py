@@ -14,11 +14,19 @@ those terms so the simulator's host model (sim/host.py) takes them as data:
    processes, and the client (this process). Per request = the max_tokens=1 run's CPU over its
    requests; per token = the difference between the two runs over the difference in generated tokens.
    Idle = CPU per second with no traffic.
+   A third run at --engine-concurrency (8: about 4 decoding requests per replica) measures the engines
+   themselves: their own counters (steps, tokens through the forward, decoding requests per step) beside
+   the engine threads' CPU, their wait for a CPU (/proc schedstat's run delay: the host's contention) and
+   the rest of the steps' wall time, off a CPU without waiting for one (blocked: the interpreter lock),
+   and the simulator's model of the same steps; engine_cpu_over_model is the host block's
+   engine_cpu_factor. Each run also records the whole machine's busy cores (/proc/stat): more than the
+   stack's own CPU means other work shared the machine, and CPU per unit of work reads higher then.
 2. Core sharing: k copies of one fixed CPU-bound job (a single-threaded torch matmul loop, the kind of
    work a forward is) started together on this machine's cores; each copy's wall time against one copy
    alone. With C cores and k > C runnable jobs, fair sharing predicts a stretch of k / C.
 
     python bench/serving_cost.py [--quick] [--requests 24] [--max-tokens 48] [--concurrency 4]
+                                 [--engine-concurrency 8]
     python bench/serving_cost.py --write-profile   # then: the measured host block into cpu_measured.json
 
 Writes bench/results/serving_cost.json (build/serving_cost_quick.json with --quick); --write-profile
@@ -29,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -41,7 +50,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere
 sys.path.insert(0, str(REPO / "bench"))
 
-from sim_validate import ENGINE, _free_port  # noqa: E402
+from sim_validate import ENGINE, _engine_table, _free_port  # noqa: E402
+
+from sim.profiles import load  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 # Ray process titles -> group; what is not named here and was started by this run is "ray_other".
@@ -91,22 +102,37 @@ def cpu_by_group() -> dict[str, float]:
             continue
         for tid in os.listdir(f"/proc/{pid}/task"):
             groups[f"tid:{pid}/{tid}"] = (_stat(f"/proc/{pid}/task/{tid}/stat") or (0, 0.0))[1]
+            groups[f"wait:{pid}/{tid}"] = _run_delay(f"/proc/{pid}/task/{tid}/schedstat")
     return groups
+
+
+def _run_delay(path: str) -> float:
+    """Seconds a thread has been runnable but waiting for a CPU (/proc schedstat's second field)."""
+    try:
+        return int(Path(path).read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def split_engine(spent: dict[str, float]) -> dict[str, float]:
     """A run's CPU by group, each replica's threads summed into its engine thread and the rest. The engine
     thread is the replica's busiest over the run (with one torch thread it runs every forward and draft;
     Python 3.11 does not give threads OS names to tell it by)."""
-    out = {k: v for k, v in spent.items() if not k.startswith("tid:")}
+    out = {k: v for k, v in spent.items() if not k.startswith(("tid:", "wait:"))}
     out["engine"] = out["replica_other"] = 0.0
-    by_pid: dict[str, list[float]] = {}
+    by_pid: dict[str, dict[str, float]] = {}
     for key, value in spent.items():
         if key.startswith("tid:"):
-            by_pid.setdefault(key[4:].split("/")[0], []).append(value)
-    for threads in by_pid.values():
-        out["engine"] += max(threads)
-        out["replica_other"] += sum(threads) - max(threads)
+            pid, tid = key[4:].split("/")
+            by_pid.setdefault(pid, {})[tid] = value
+    waits = {}
+    for pid, threads in by_pid.items():
+        engine = max(threads, key=threads.get)
+        out["engine"] += threads[engine]
+        out["replica_other"] += sum(threads.values()) - threads[engine]
+        waits[pid] = spent.get(f"wait:{pid}/{engine}", 0.0)
+    if waits:  # the engine threads' time runnable but off a CPU (not a CPU-time group: kept apart)
+        out["engine_run_delay"] = sum(waits.values())
     return out
 
 
@@ -146,7 +172,9 @@ async def _drive(base_url: str, model: str, prompts: list[str], max_tokens: int,
         await client.close()
 
 
-def measure_serving(models: str, requests: int, max_tokens: int, concurrency: int, idle_s: float) -> dict:
+def measure_serving(
+    models: str, requests: int, max_tokens: int, concurrency: int, idle_s: float, engine_concurrency: int
+) -> dict:
     import ray
     from ray import serve
     from transformers import AutoTokenizer
@@ -178,20 +206,30 @@ def measure_serving(models: str, requests: int, max_tokens: int, concurrency: in
         serve.run(build_app(app), name="servingcost", route_prefix="/")
         base_url = f"http://127.0.0.1:{port}/v1"
 
-        def run(max_t: int) -> tuple[dict[str, float], int, float]:
-            before, start = cpu_by_group(), time.perf_counter()
-            tokens = asyncio.run(_drive(base_url, target.name, prompts, max_t, concurrency))
-            return _diff(cpu_by_group(), before), tokens, time.perf_counter() - start
+        def run(max_t: int, streams: int = concurrency, label: str = "") -> tuple[dict, int, float]:
+            counters, before, start = engine_counters("servingcost"), cpu_by_group(), time.perf_counter()
+            busy = machine_busy_s()
+            tokens = asyncio.run(_drive(base_url, target.name, prompts, max_t, streams))
+            spent, wall = _diff(cpu_by_group(), before), time.perf_counter() - start
+            steps[label] = {
+                **engine_time(engine_counters("servingcost"), counters, spent),
+                "machine_busy_cores": round((machine_busy_s() - busy) / wall, 3),
+            }
+            return spent, tokens, wall
 
+        steps: dict[str, dict] = {}
         run(2)  # warm every path (first-request imports, connections, the cost table)
         before = cpu_by_group()
         time.sleep(idle_s)  # a measurement window, not a wait for something to happen
         idle = {k: v / idle_s for k, v in _diff(cpu_by_group(), before).items()}
         short, short_tokens, short_wall = run(1)
-        long, long_tokens, long_wall = run(max_tokens)
+        long, long_tokens, long_wall = run(max_tokens, label="long")
+        run(max_tokens, engine_concurrency, "engine")  # the engines at the validation's batch sizes
     finally:
         serve.shutdown()
         ray.shutdown()
+    for spent in (idle, short, long):  # a wait, not CPU time: reported beside the engine's steps
+        spent.pop("engine_run_delay", None)
     # Idle CPU runs under both runs alike: take it out before splitting per request and per token.
     short = {k: v - idle[k] * short_wall for k, v in short.items()}
     long = {k: v - idle[k] * long_wall for k, v in long.items()}
@@ -206,6 +244,80 @@ def measure_serving(models: str, requests: int, max_tokens: int, concurrency: in
         "idle_cores": {k: round(v, 5) for k, v in idle.items()},
         "cpu_s_per_request": {k: round(v, 6) for k, v in per_request.items()},
         "cpu_s_per_token": {k: round(v, 6) for k, v in per_token.items()},
+        # The engines' steps in the long run (at `concurrency`) and in the engine run (at
+        # `engine_concurrency`), with the simulator's model of the same steps: the served engine's cost.
+        "engine_steps": {k: {**v, **engine_model_s(v)} for k, v in steps.items() if k},
+        "engine_concurrency": engine_concurrency,
+    }
+
+
+ENGINE_COUNTERS = (
+    "steps",
+    "step_time_s",
+    "forward_time_s",
+    "generated_tokens",
+    "forward_tokens",
+    "rounds",
+    "drafted_tokens",
+)
+
+
+def engine_counters(app_name: str, replicas: int = 2) -> dict[str, float]:
+    """The engines' own counters, summed over every replica (each asked until all have answered)."""
+    from ray import serve
+
+    handle = serve.get_deployment_handle("TargetReplica", app_name)
+    seen: dict[str, dict] = {}
+    for _ in range(50 * replicas):
+        state = handle.get_state.remote().result()
+        seen[state["replica_id"]] = state["engine"]
+        if len(seen) == replicas:
+            break
+    return {k: sum(e[k] for e in seen.values()) for k in ENGINE_COUNTERS}
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy (every process, ours or not: /proc/stat)."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / TICK  # all but idle and iowait
+
+
+def engine_model_s(run: dict) -> dict:
+    """The simulator's engine model (sim/profiles/cpu_measured.json's step terms over the SPS table the
+    replicas use) for a run's steps, taken at the run's mean tokens and decoding requests per step, as
+    plain decoding (the draft gate declines almost every round on this machine: `drafted`)."""
+    profile, table = load("cpu_measured"), _engine_table()
+    if table is not None:
+        profile = dataclasses.replace(
+            profile,
+            sps_points=tuple(table["points"]),
+            sps_rates=tuple(table["rates"]),
+            max_num_batched_tokens=max(profile.max_num_batched_tokens, table["points"][-1]),
+            cache={},
+        )
+    steps = max(1, run["steps"])
+    tokens, requests = run["forward_tokens"] / steps, run["rounds"] / steps
+    step = profile.step_seconds(round(tokens), requests, 0, profile.cost_table())
+    return {
+        "sps_table": table["path"] if table else "profile's own",
+        "engine_model_s": round(step * run["steps"], 4),
+        "engine_cpu_over_model": round(run["engine_cpu_s"] / (step * steps), 4),
+    }
+
+
+def engine_time(after: dict[str, float], before: dict[str, float], spent: dict[str, float]) -> dict:
+    """Where the engines' stepping time went over a run: the engine threads' CPU, their wait for a CPU
+    (runnable, off a core: the host's contention) and the rest of the step's wall time, off a CPU without
+    waiting for one (blocked: the interpreter lock held by the replica's other threads, the only lock
+    the engine thread takes during a step)."""
+    d = {k: after[k] - before[k] for k in ENGINE_COUNTERS}
+    wall, cpu, queued = d["step_time_s"], spent["engine"], spent.get("engine_run_delay", 0.0)
+    return {
+        **{k: round(v, 4) for k, v in d.items()},
+        "engine_cpu_s": round(cpu, 4),
+        "engine_run_delay_s": round(queued, 4),
+        "engine_blocked_s": round(wall - cpu - queued, 4),
+        "replica_other_cpu_s": round(spent["replica_other"], 4),
     }
 
 
@@ -264,7 +376,15 @@ def host_block(serving: dict, cores: int = 2, replicas: int = 2) -> dict:
         "replica_cpu_s_per_token": round(max(0.0, tok["replica_other"]), 6),
         "path_processes": len(PATH_GROUPS),
         "window_s": 1.0,
+        "engine_cpu_factor": engine_cpu_factor(serving),
     }
+
+
+def engine_cpu_factor(serving: dict) -> float:
+    """The served engine's CPU over the simulator's model of its steps, from the run at the validation's
+    batch sizes (1.0 for a measurement that predates it)."""
+    run = serving.get("engine_steps", {}).get("engine")
+    return round(run["engine_cpu_over_model"], 3) if run else 1.0
 
 
 # The validation's layout is the proxy path (bench/sim_validate.py); `make bench`'s serve.json measures the
@@ -298,6 +418,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--requests", type=int, default=24)
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument(
+        "--engine-concurrency",
+        type=int,
+        default=8,
+        help="a third run at this concurrency measures the engines at the validation's batch sizes",
+    )
     p.add_argument("--idle-s", type=float, default=5.0)
     p.add_argument("--sharing-iterations", type=int, default=3000)
     p.add_argument("--skip-serving", action="store_true", help="only the core-sharing measurement")
@@ -308,6 +434,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.quick:
         args.requests, args.max_tokens, args.concurrency, args.idle_s = 4, 8, 2, 1.0
+        args.engine_concurrency = 4
         args.sharing_iterations = 300
     out = args.out or (
         REPO / "build" / "serving_cost_quick.json"
@@ -327,7 +454,12 @@ def main(argv: list[str] | None = None) -> None:
     }
     if not args.skip_serving:
         result["serving"] = measure_serving(
-            args.models, args.requests, args.max_tokens, args.concurrency, args.idle_s
+            args.models,
+            args.requests,
+            args.max_tokens,
+            args.concurrency,
+            args.idle_s,
+            args.engine_concurrency,
         )
     result["load_avg_1m_at_end"] = os.getloadavg()[0]
     result["wall_minutes"] = round((time.time() - start) / 60, 2)

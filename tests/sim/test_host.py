@@ -150,3 +150,51 @@ def test_the_cpu_profiles_host_block_is_derived_from_the_committed_measurement()
     profile = load("cpu_measured")
     assert dataclasses.asdict(profile.host) == host_block(measured["serving"])
     assert profile.request_path_s == request_path_s(serve, host_block(measured["serving"]))
+
+
+def test_the_served_engines_cpu_factor_scales_each_steps_engine_time_but_not_the_serving_debt():
+    alone = one_request(None)
+    served = one_request(HostCost(cores=8, replicas=1, engine_cpu_factor=1.5, replica_cpu_s_per_token=0.003))
+    assert served.first_token == pytest.approx(1.5 * alone.first_token, rel=1e-12)
+    assert tpot(served) == pytest.approx(1.5 * tpot(alone) + 0.003, rel=1e-12)
+
+
+def test_the_served_engines_cpu_factor_leaves_the_engines_decisions_alone():
+    """Drafting replicas, verify lengths by the engine's scheduler, the draft gate on: a factor of 2
+    (on a host with room) doubles every time and changes no step's composition or verdict."""
+
+    def run(factor):
+        cost = HostCost(cores=64, replicas=1, engine_cpu_factor=factor)
+        requests = [
+            Request(rid=i, arrival=0.0, prompt_tokens=32, max_tokens=60, sla_class="standard", domain=d)
+            for i, d in enumerate(("easy", "hard", "easy"))
+        ]
+        config = ClusterConfig(
+            fleet=[Group(small_profile(host=cost), 1)],
+            classes=CLASSES,
+            default_class="standard",
+            router="pow2",
+        )
+        cluster = Cluster(config, requests)
+        cluster.run(100.0)
+        (replica,) = cluster.all_replicas()
+        return replica.counters, requests
+
+    (c1, r1), (c2, r2) = run(1.0), run(2.0)
+    assert (c1.steps, c1.rounds, c1.drafted_tokens, c1.accepted_tokens) == (
+        c2.steps,
+        c2.rounds,
+        c2.drafted_tokens,
+        c2.accepted_tokens,
+    )
+    assert c1.verify_accept == c2.verify_accept and c1.drafted_tokens > 0
+    for a, b in zip(r1, r2):
+        assert (b.first_token, b.finish) == pytest.approx((2 * a.first_token, 2 * a.finish), rel=1e-12)
+
+
+def test_the_engine_cpu_factor_is_derived_from_the_engine_run_and_is_1_for_an_older_measurement():
+    from bench.serving_cost import engine_cpu_factor
+
+    run = {"engine_cpu_s": 6.0, "engine_cpu_over_model": 1.23456}
+    assert engine_cpu_factor({"engine_concurrency": 8, "engine_steps": {"long": {}, "engine": run}}) == 1.235
+    assert engine_cpu_factor({"cpu_s_per_token": {}}) == 1.0

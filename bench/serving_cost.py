@@ -19,8 +19,10 @@ those terms so the simulator's host model (sim/host.py) takes them as data:
    the engine threads' CPU, their wait for a CPU (/proc schedstat's run delay: the host's contention) and
    the rest of the steps' wall time, off a CPU without waiting for one (blocked: the interpreter lock),
    and the simulator's model of the same steps; engine_cpu_over_model is the host block's
-   engine_cpu_factor. Each run also records the whole machine's busy cores (/proc/stat): more than the
-   stack's own CPU means other work shared the machine, and CPU per unit of work reads higher then.
+   engine_cpu_factor. Each run also records the stack's CPU and the whole machine's busy cores
+   (/proc/stat): busy beyond the stack's own is other work sharing the machine (CPU per unit of work
+   reads higher then); engines waiting for a CPU while the machine is short of its cores busy is
+   scheduling that leaves a core idle, which the host model's fair sharing does not have.
 2. Core sharing: k copies of one fixed CPU-bound job (a single-threaded torch matmul loop, the kind of
    work a forward is) started together on this machine's cores; each copy's wall time against one copy
    alone. With C cores and k > C runnable jobs, fair sharing predicts a stretch of k / C.
@@ -214,6 +216,7 @@ def measure_serving(
             steps[label] = {
                 **engine_time(engine_counters("servingcost"), counters, spent),
                 "machine_busy_cores": round((machine_busy_s() - busy) / wall, 3),
+                "stack_cores": round(sum(v for k, v in spent.items() if k != "engine_run_delay") / wall, 3),
             }
             return spent, tokens, wall
 

@@ -96,7 +96,11 @@ def load(name_or_path: str | Path) -> Profile:
     path = Path(name_or_path)
     if not path.suffix:
         path = PROFILE_DIR / f"{name_or_path}.json"
-    data = json.loads(path.read_text())
+    return from_dict(json.loads(path.read_text()))
+
+
+def from_dict(data: dict) -> Profile:
+    """A profile from its file's contents."""
     return Profile(
         name=data["name"],
         sps_points=tuple(int(b) for b in data["sps"]["points"]),

@@ -1,0 +1,94 @@
+"""A profile's engine step terms fitted to measured engine runs (pure: no I/O, no Ray).
+
+sim/profiles.py times a plain step of B tokens over N decoding requests as
+
+    1 / SPS(B) + step_overhead + N request_overhead + B token_overhead
+
+The SPS table is the engine's own profile of its forward; the three overheads are the engine's work around
+the forward (scheduling, sampling, bookkeeping, streaming each token out of the engine). They are fitted
+here to runs of the engine as it is served: per run, its steps, the tokens through its forward and the
+decoding requests over those steps (the engine's own counters, summed over the run), and the engine
+thread's CPU time. Each run is one point at its mean tokens and requests per step; the overheads are the
+non-negative least-squares fit of (CPU per step - 1 / SPS(mean tokens)) on (1, requests, tokens) over the
+points. A fit needs points that vary both (e.g. several concurrencies, and a run with longer prompts: at
+one prompt shape tokens per step move with requests per step and the two terms cannot be told apart).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+TERMS = ("step_overhead_s", "request_overhead_s", "token_overhead_s")
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    """An engine run's totals: steps, tokens through the forward, decoding requests summed over steps."""
+
+    steps: int
+    forward_tokens: float
+    rounds: float
+    cpu_s: float
+
+    @classmethod
+    def from_counters(cls, run: dict) -> EngineRun:
+        """From a bench/serving_cost.py engine run (`engine_steps` entry)."""
+        return cls(int(run["steps"]), run["forward_tokens"], run["rounds"], run["engine_cpu_s"])
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.forward_tokens / self.steps
+
+    @property
+    def requests_per_step(self) -> float:
+        return self.rounds / self.steps
+
+
+Table = Callable[[int], float]  # SPS at a step of B tokens (dspark.cost_table.CostTable is one)
+
+
+def forward_s(run: EngineRun, table: Table) -> float:
+    """The table's forward time at the run's mean tokens per step (the simulator steps whole tokens)."""
+    return 1.0 / table(max(1, round(run.tokens_per_step)))
+
+
+def model_s(run: EngineRun, table: Table, terms: dict[str, float]) -> float:
+    """The step model's CPU per step for the run's mean step."""
+    return (
+        forward_s(run, table)
+        + terms["step_overhead_s"]
+        + run.requests_per_step * terms["request_overhead_s"]
+        + run.tokens_per_step * terms["token_overhead_s"]
+    )
+
+
+def fit_step_terms(runs: Sequence[EngineRun], table: Table) -> dict[str, float]:
+    """The non-negative least-squares overheads over `runs` (see the module docstring).
+
+    Exact for three unknowns: every subset of the terms is solved unconstrained (the others held at 0)
+    and the feasible solution of least squared error is kept, which is where the constrained optimum lies.
+    """
+    if len(runs) < len(TERMS):
+        raise ValueError(f"a fit of {len(TERMS)} terms needs at least {len(TERMS)} runs, got {len(runs)}")
+    x = np.array([[1.0, r.requests_per_step, r.tokens_per_step] for r in runs])
+    y = np.array([r.cpu_s / r.steps - forward_s(r, table) for r in runs])
+    if np.linalg.matrix_rank(x) < len(TERMS):
+        raise ValueError("the runs do not vary requests and tokens per step independently: add runs")
+    best, best_err = np.zeros(len(TERMS)), float(y @ y)
+    for size in range(1, len(TERMS) + 1):
+        for cols in itertools.combinations(range(len(TERMS)), size):
+            coef = np.zeros(len(TERMS))
+            coef[list(cols)] = np.linalg.lstsq(x[:, cols], y, rcond=None)[0]
+            err = float(np.sum((y - x @ coef) ** 2))
+            if coef.min() >= 0 and err < best_err - 1e-18:
+                best, best_err = coef, err
+    return {name: float(v) for name, v in zip(TERMS, best)}
+
+
+def cpu_over_model(runs: Sequence[EngineRun], table: Table, terms: dict[str, float]) -> list[float]:
+    """Each run's measured CPU per step over the model's (1.0: the model explains the run)."""
+    return [r.cpu_s / r.steps / model_s(r, table, terms) for r in runs]

@@ -1,0 +1,60 @@
+"""sim/step_fit.py: the step terms fitted to engine runs recover known terms exactly, stay non-negative,
+and refuse runs that cannot tell the terms apart."""
+
+from __future__ import annotations
+
+import pytest
+
+from dspark.cost_table import CostTable
+from sim.step_fit import EngineRun, cpu_over_model, fit_step_terms, model_s
+
+# Steps per second, falling with the tokens in a step (the table is isotonic: it would pool a rise).
+TABLE = CostTable([1, 4, 16, 64, 256], [700.0, 600.0, 400.0, 150.0, 45.0], 256, source="given")
+TERMS = {"step_overhead_s": 0.0021, "request_overhead_s": 0.00065, "token_overhead_s": 0.00004}
+# (steps, forward tokens, decoding requests summed over steps): mean tokens per step are whole numbers
+# (the model takes the table at whole tokens), and tokens and requests per step vary apart.
+SHAPES = [(400, 800, 400), (300, 1200, 600), (250, 2000, 1000), (200, 2400, 1200), (200, 4800, 800)]
+
+
+def runs_from(terms: dict[str, float], shapes=SHAPES) -> list[EngineRun]:
+    out = []
+    for steps, tokens, rounds in shapes:
+        shape = EngineRun(steps, tokens, rounds, 0.0)
+        out.append(EngineRun(steps, tokens, rounds, steps * model_s(shape, TABLE, terms)))
+    return out
+
+
+def test_runs_made_by_known_terms_give_those_terms_back():
+    fitted = fit_step_terms(runs_from(TERMS), TABLE)
+    assert fitted == pytest.approx(TERMS, rel=1e-9)
+    assert cpu_over_model(runs_from(TERMS), TABLE, fitted) == pytest.approx([1.0] * len(SHAPES), rel=1e-12)
+
+
+def test_a_run_is_one_point_at_its_mean_step():
+    run = EngineRun(steps=100, forward_tokens=400, rounds=250, cpu_s=1.0)
+    assert (run.tokens_per_step, run.requests_per_step) == (4.0, 2.5)
+    assert model_s(run, TABLE, TERMS) == pytest.approx(1 / 600 + 0.0021 + 2.5 * 0.00065 + 4 * 0.00004)
+
+
+def test_a_term_the_runs_would_make_negative_is_held_at_zero_and_the_others_refitted():
+    """Runs cheaper per token than the table says: the unconstrained fit's token term is negative; the
+    fit holds it at 0 and recovers the other two, which alone explain runs made without a token term."""
+    truth = {**TERMS, "token_overhead_s": 0.0}
+    runs = runs_from(truth)
+    fitted = fit_step_terms(runs, TABLE)
+    assert fitted == pytest.approx(truth, abs=1e-12)
+    cheaper = [
+        EngineRun(r.steps, r.forward_tokens, r.rounds, r.cpu_s - 0.00002 * r.forward_tokens) for r in runs
+    ]
+    fitted = fit_step_terms(cheaper, TABLE)
+    assert fitted["token_overhead_s"] == 0.0
+    assert min(fitted.values()) >= 0.0
+    assert fitted["step_overhead_s"] > 0 and fitted["request_overhead_s"] > 0
+
+
+def test_runs_at_one_prompt_shape_cannot_tell_requests_from_tokens_and_are_refused():
+    same_shape = [(100, 200 * k, 100 * k) for k in (1, 2, 3, 4)]  # two tokens per decoding request
+    with pytest.raises(ValueError, match="vary requests and tokens"):
+        fit_step_terms(runs_from(TERMS, same_shape), TABLE)
+    with pytest.raises(ValueError, match="at least 3 runs"):
+        fit_step_terms(runs_from(TERMS)[:2], TABLE)

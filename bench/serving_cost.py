@@ -14,12 +14,14 @@ those terms so the simulator's host model (sim/host.py) takes them as data:
    processes, and the client (this process). Per request = the max_tokens=1 run's CPU over its
    requests; per token = the difference between the two runs over the difference in generated tokens.
    Idle = CPU per second with no traffic.
-   A third run at --engine-concurrency (8: about 4 decoding requests per replica) measures the engines
-   themselves: their own counters (steps, tokens through the forward, decoding requests per step) beside
-   the engine threads' CPU, their wait for a CPU (/proc schedstat's run delay: the host's contention) and
-   the rest of the steps' wall time, off a CPU without waiting for one (blocked: the interpreter lock),
-   and the simulator's model of the same steps; engine_cpu_over_model is the host block's
-   engine_cpu_factor. Each run also records the stack's CPU and the whole machine's busy cores
+   Then a sweep of runs (--engine-sweep: concurrencies 2 to 12, about 1 to 6 decoding requests per
+   replica, and one run with longer prompts) measures the engines themselves: their own counters (steps,
+   tokens through the forward, decoding requests per step) beside the engine threads' CPU, their wait for
+   a CPU (/proc schedstat's run delay: the host's contention) and the rest of the steps' wall time, off a
+   CPU without waiting for one (blocked: the interpreter lock), and the simulator's model of the same
+   steps (engine_cpu_over_model: about 1.0 once the profile is fitted to these runs). --write-profile fits
+   the profile's step, request and token overheads to the sweep (sim/step_fit.py) over the SPS table the
+   replicas used (recorded here). Each run also records the stack's CPU and the whole machine's busy cores
    (/proc/stat): busy beyond the stack's own is other work sharing the machine (CPU per unit of work
    reads higher then); engines waiting for a CPU while the machine is short of its cores busy is
    scheduling that leaves a core idle, which the host model's fair sharing does not have.
@@ -28,11 +30,13 @@ those terms so the simulator's host model (sim/host.py) takes them as data:
    alone. With C cores and k > C runnable jobs, fair sharing predicts a stretch of k / C.
 
     python bench/serving_cost.py [--quick] [--requests 24] [--max-tokens 48] [--concurrency 4]
-                                 [--engine-concurrency 8]
-    python bench/serving_cost.py --write-profile   # then: the measured host block into cpu_measured.json
+                                 [--engine-sweep 2x48,4x48,8x48,12x48,8x144]
+    python bench/serving_cost.py --write-profile   # then: the measured terms into cpu_measured.json
 
 Writes bench/results/serving_cost.json (build/serving_cost_quick.json with --quick); --write-profile
-derives sim/profiles/cpu_measured.json's `host` block and `request_path_s` from it and serve_proxy.json.
+derives sim/profiles/cpu_measured.json's `host` block and `request_path_s` from it and serve_proxy.json,
+and, from the engine sweep, the profile's SPS table (the replicas') and its step, request and token
+overheads. The sweep is serving_cost's own closed-loop workload, never the validation's trace.
 """
 
 from __future__ import annotations
@@ -54,7 +58,8 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from sim_validate import ENGINE, _engine_table, _free_port  # noqa: E402
 
-from sim.profiles import load  # noqa: E402
+from sim import step_fit  # noqa: E402
+from sim.profiles import from_dict, load  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 # Ray process titles -> group; what is not named here and was started by this run is "ray_other".
@@ -175,7 +180,7 @@ async def _drive(base_url: str, model: str, prompts: list[str], max_tokens: int,
 
 
 def measure_serving(
-    models: str, requests: int, max_tokens: int, concurrency: int, idle_s: float, engine_concurrency: int
+    models: str, requests: int, max_tokens: int, concurrency: int, idle_s: float, sweep: list[tuple[int, int]]
 ) -> dict:
     import ray
     from ray import serve
@@ -187,9 +192,13 @@ def measure_serving(
     target = (Path(models) / "target").resolve()
     tokenizer = AutoTokenizer.from_pretrained(target)
     half = requests // 2
-    prompts = heldout_prompts("code", requests - half, 48, tokenizer) + heldout_prompts(
-        "prose", half, 48, tokenizer
-    )
+
+    def prompts_of(length: int) -> list[str]:
+        return heldout_prompts("code", requests - half, length, tokenizer) + heldout_prompts(
+            "prose", half, length, tokenizer
+        )
+
+    prompts = prompts_of(48)
     port = _free_port()
     ray.init(
         include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}}, log_to_driver=False
@@ -208,10 +217,12 @@ def measure_serving(
         serve.run(build_app(app), name="servingcost", route_prefix="/")
         base_url = f"http://127.0.0.1:{port}/v1"
 
-        def run(max_t: int, streams: int = concurrency, label: str = "") -> tuple[dict, int, float]:
+        def run(
+            max_t: int, streams: int = concurrency, label: str = "", texts: list[str] = prompts
+        ) -> tuple[dict, int, float]:
             counters, before, start = engine_counters("servingcost"), cpu_by_group(), time.perf_counter()
             busy = machine_busy_s()
-            tokens = asyncio.run(_drive(base_url, target.name, prompts, max_t, streams))
+            tokens = asyncio.run(_drive(base_url, target.name, texts, max_t, streams))
             spent, wall = _diff(cpu_by_group(), before), time.perf_counter() - start
             steps[label] = {
                 **engine_time(engine_counters("servingcost"), counters, spent),
@@ -227,7 +238,8 @@ def measure_serving(
         idle = {k: v / idle_s for k, v in _diff(cpu_by_group(), before).items()}
         short, short_tokens, short_wall = run(1)
         long, long_tokens, long_wall = run(max_tokens, label="long")
-        run(max_tokens, engine_concurrency, "engine")  # the engines at the validation's batch sizes
+        for streams, length in sweep:  # the engines across batch sizes and prompt lengths
+            run(max_tokens, streams, sweep_label(streams, length), prompts_of(length))
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -238,6 +250,7 @@ def measure_serving(
     long = {k: v - idle[k] * long_wall for k, v in long.items()}
     per_request = {k: v / requests for k, v in short.items()}
     per_token = {k: (long[k] - short[k]) / (long_tokens - short_tokens) for k in long}
+    table = _engine_table()
     return {
         "requests": requests,
         "max_tokens": max_tokens,
@@ -247,11 +260,22 @@ def measure_serving(
         "idle_cores": {k: round(v, 5) for k, v in idle.items()},
         "cpu_s_per_request": {k: round(v, 6) for k, v in per_request.items()},
         "cpu_s_per_token": {k: round(v, 6) for k, v in per_token.items()},
-        # The engines' steps in the long run (at `concurrency`) and in the engine run (at
-        # `engine_concurrency`), with the simulator's model of the same steps: the served engine's cost.
-        "engine_steps": {k: {**v, **engine_model_s(v)} for k, v in steps.items() if k},
-        "engine_concurrency": engine_concurrency,
+        # The engines' steps in the long run (at `concurrency`) and in the sweep's runs, with the
+        # simulator's model of the same steps: the served engine's cost.
+        "engine_steps": {k: {**v, **engine_model_s(v, table)} for k, v in steps.items() if k},
+        "engine_sweep": [sweep_label(c, p) for c, p in sweep],
+        # The SPS table the replicas used (the engine's cache on this machine): the fit's forward term.
+        "sps_table": table,
     }
+
+
+def sweep_label(concurrency: int, prompt_tokens: int) -> str:
+    return f"engine_c{concurrency}_p{prompt_tokens}"
+
+
+def parse_sweep(text: str) -> list[tuple[int, int]]:
+    """'2x48,8x144' -> [(2, 48), (8, 144)]: concurrency x prompt tokens per run."""
+    return [(int(c), int(p)) for c, p in (item.split("x") for item in text.split(",") if item)]
 
 
 ENGINE_COUNTERS = (
@@ -285,27 +309,33 @@ def machine_busy_s() -> float:
     return (sum(ticks) - ticks[3] - ticks[4]) / TICK  # all but idle and iowait
 
 
-def engine_model_s(run: dict) -> dict:
-    """The simulator's engine model (sim/profiles/cpu_measured.json's step terms over the SPS table the
-    replicas use) for a run's steps, taken at the run's mean tokens and decoding requests per step, as
-    plain decoding (the draft gate declines almost every round on this machine: `drafted`)."""
-    profile, table = load("cpu_measured"), _engine_table()
-    if table is not None:
-        profile = dataclasses.replace(
-            profile,
-            sps_points=tuple(table["points"]),
-            sps_rates=tuple(table["rates"]),
-            max_num_batched_tokens=max(profile.max_num_batched_tokens, table["points"][-1]),
-            cache={},
-        )
+def engine_model_s(run: dict, table: dict | None) -> dict:
+    """The simulator's engine model (sim/profiles/cpu_measured.json's step terms as they stand, over the
+    SPS table the replicas use) for a run's steps, taken at the run's mean tokens and decoding requests per
+    step, as plain decoding (the draft gate declines almost every round on this machine: `drafted_tokens`).
+    A check of the profile: about 1.0 once its terms are fitted to these runs."""
+    profile = _with_table(load("cpu_measured"), table)
     steps = max(1, run["steps"])
     tokens, requests = run["forward_tokens"] / steps, run["rounds"] / steps
-    step = profile.step_seconds(round(tokens), requests, 0, profile.cost_table())
+    step = profile.step_seconds(max(1, round(tokens)), requests, 0, profile.cost_table())
     return {
         "sps_table": table["path"] if table else "profile's own",
         "engine_model_s": round(step * run["steps"], 4),
         "engine_cpu_over_model": round(run["engine_cpu_s"] / (step * steps), 4),
     }
+
+
+def _with_table(profile, table: dict | None):
+    """The profile over the replicas' SPS table (its own when none is given)."""
+    if table is None:
+        return profile
+    return dataclasses.replace(
+        profile,
+        sps_points=tuple(table["points"]),
+        sps_rates=tuple(table["rates"]),
+        max_num_batched_tokens=max(profile.max_num_batched_tokens, table["points"][-1]),
+        cache={},
+    )
 
 
 def engine_time(after: dict[str, float], before: dict[str, float], spent: dict[str, float]) -> dict:
@@ -379,15 +409,7 @@ def host_block(serving: dict, cores: int = 2, replicas: int = 2) -> dict:
         "replica_cpu_s_per_token": round(max(0.0, tok["replica_other"]), 6),
         "path_processes": len(PATH_GROUPS),
         "window_s": 1.0,
-        "engine_cpu_factor": engine_cpu_factor(serving),
     }
-
-
-def engine_cpu_factor(serving: dict) -> float:
-    """The served engine's CPU over the simulator's model of its steps, from the run at the validation's
-    batch sizes (1.0 for a measurement that predates it)."""
-    run = serving.get("engine_steps", {}).get("engine")
-    return round(run["engine_cpu_over_model"], 3) if run else 1.0
 
 
 # The validation's layout is the proxy path (bench/sim_validate.py); `make bench`'s serve.json measures the
@@ -406,10 +428,53 @@ def request_path_s(serve: dict, host: dict) -> float:
     return round(ttft["http", 1] - ttft["offline", 1] - host["replica_cpu_s_per_request"], 4)
 
 
+STEP_SOURCE = "engine overhead per step, per request and per token:"
+SPS_SOURCE = "SPS(B):"
+
+
+def derive_profile(profile: dict, serving: dict, serve: dict, command: str) -> dict:
+    """cpu_measured.json (as a dict) with its host block and request_path_s derived from `serving` and
+    `serve`, and, when `serving` has an engine sweep, its SPS table and step terms fitted to the sweep
+    (a measurement without one leaves them, and their sources, as they are)."""
+    out = {**profile, "host": host_block(serving)}
+    out["request_path_s"] = request_path_s(serve, out["host"])
+    sweep, table = serving.get("engine_sweep"), serving.get("sps_table")
+    if not sweep or not table:
+        return out
+    runs = [step_fit.EngineRun.from_counters(serving["engine_steps"][label]) for label in sweep]
+    out["sps"] = {"points": list(table["points"]), "rates": list(table["rates"])}
+    out["sps_fingerprint"] = table.get("fingerprint") or out.get("sps_fingerprint")
+    cost = from_dict(out).cost_table()
+    terms = {k: round(v, 9) for k, v in step_fit.fit_step_terms(runs, cost).items()}
+    out.update(terms)
+    ratios = step_fit.cpu_over_model(runs, cost, terms)
+    drafted = sum(serving["engine_steps"][label]["drafted_tokens"] for label in sweep)
+    forward = sum(r.forward_tokens for r in runs)
+    sources = {
+        SPS_SOURCE: f"{SPS_SOURCE} the engine's own profiled cost table (dspark/cost_table.py) the served "
+        f"replicas used in serving_cost's engine sweep ({command}), cache file {Path(table['path']).name}, "
+        "fingerprint in `sps_fingerprint`; the smoothed (isotonic) rates",
+        STEP_SOURCE: f"{STEP_SOURCE} non-negative least-squares fit (sim/step_fit.py) of the served "
+        "engine thread's CPU per step less 1/SPS(mean tokens per step) on (1, decoding requests per step, "
+        f"tokens per step) over serving_cost's engine sweep ({command}; runs {', '.join(sweep)}: "
+        "concurrency x prompt tokens, two replicas at 1 torch thread, closed loop, its own held-out "
+        "prompts, never the validation's trace); per-run CPU over the fitted model "
+        f"{', '.join(f'{r:.3f}' for r in ratios)}; the engines drafted {int(drafted)} of "
+        f"{int(forward)} forward tokens there (the draft gate declined almost every round), so the fit is "
+        "of plain steps and those few drafts' cost is inside it",
+    }
+    out["sources"] = [
+        next((text for prefix, text in sources.items() if s.startswith(prefix)), s)
+        for s in profile["sources"]
+    ]
+    return out
+
+
 def write_profile(measured: Path, serve: Path = SERVE_PROXY) -> dict:
-    profile = json.loads(PROFILE.read_text())
-    profile["host"] = host_block(json.loads(measured.read_text())["serving"])
-    profile["request_path_s"] = request_path_s(json.loads(serve.read_text()), profile["host"])
+    data = json.loads(measured.read_text())
+    profile = derive_profile(
+        json.loads(PROFILE.read_text()), data["serving"], json.loads(serve.read_text()), data["command"]
+    )
     PROFILE.write_text(json.dumps(profile, indent=1) + "\n")
     return profile
 
@@ -422,10 +487,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument(
-        "--engine-concurrency",
-        type=int,
-        default=8,
-        help="a third run at this concurrency measures the engines at the validation's batch sizes",
+        "--engine-sweep",
+        type=parse_sweep,
+        default=parse_sweep("2x48,4x48,8x48,12x48,8x144"),
+        help="runs measuring the engines, concurrency x prompt tokens (the step terms' fit points)",
     )
     p.add_argument("--idle-s", type=float, default=5.0)
     p.add_argument("--sharing-iterations", type=int, default=3000)
@@ -437,7 +502,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.quick:
         args.requests, args.max_tokens, args.concurrency, args.idle_s = 4, 8, 2, 1.0
-        args.engine_concurrency = 4
+        args.engine_sweep = parse_sweep("1x48,4x48,4x144")
         args.sharing_iterations = 300
     out = args.out or (
         REPO / "build" / "serving_cost_quick.json"
@@ -446,7 +511,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     if args.write_profile:
         profile = write_profile(out)
-        print(json.dumps({"host": profile["host"], "request_path_s": profile["request_path_s"]}, indent=1))
+        shown = ("host", "request_path_s", *step_fit.TERMS)
+        print(json.dumps({k: profile.get(k) for k in shown}, indent=1))
         return
     start = time.time()
     result = {
@@ -462,7 +528,7 @@ def main(argv: list[str] | None = None) -> None:
             args.max_tokens,
             args.concurrency,
             args.idle_s,
-            args.engine_concurrency,
+            args.engine_sweep,
         )
     result["load_avg_1m_at_end"] = os.getloadavg()[0]
     result["wall_minutes"] = round((time.time() - start) / 60, 2)

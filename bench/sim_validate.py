@@ -213,7 +213,12 @@ def _engine_table(path: str | None = None) -> dict | None:
             ENGINE["num_speculative_tokens"],
             ENGINE["cost_table_profile"] == "coarse",
         ):
-            return {"path": str(path), "points": data["points"], "rates": data["smoothed"]}
+            return {
+                "path": str(path),
+                "points": data["points"],
+                "rates": data["smoothed"],
+                "fingerprint": data.get("fingerprint"),
+            }
     return None
 
 

@@ -12,11 +12,6 @@ The serving path's load is its measured CPU per request and per token (bench/ser
 host's recent rates (an exponentially decayed window of `window_s`), plus the stack's idle CPU (Ray,
 Serve's stats polling).
 
-A served engine's step also costs more CPU than the offline engine's the profile was fitted to (the
-replica's own per-step work; a core shared with a dozen other processes' threads): the step's time is
-the profile's model times the measured `engine_cpu_factor` (SimReplica.plan); its decisions (verify
-lengths, the draft gate) still read the profile's table, as a uniform factor cancels in them.
-
 The serving work inside a replica's own process (Serve's request handling and streaming each token out)
 shares that process's interpreter lock with the engine's thread, so it does not run beside the engine:
 it delays the engine's next step by its CPU time (SimReplica.serving_debt_s).
@@ -45,10 +40,6 @@ class HostCost:
     replica_cpu_s_per_token: float = 0.0
     path_processes: int = 1  # processes the serving path's load is spread over
     window_s: float = 1.0  # how far back the serving path's load is averaged
-    # The served engine thread's CPU per step over the profile's step model for the same steps
-    # (bench/serving_cost.py's engine run): work the engine does served and not offline, where the step
-    # model was fitted, and the cost of sharing its core with the serving path's processes.
-    engine_cpu_factor: float = 1.0
 
     @classmethod
     def from_json(cls, data: dict | None) -> HostCost | None:

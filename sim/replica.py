@@ -97,7 +97,6 @@ class SimReplica:
         host = profile.host
         self._request_cost = host.replica_cpu_s_per_request if host else 0.0
         self._token_cost = host.replica_cpu_s_per_token if host else 0.0
-        self._served_factor = host.engine_cpu_factor if host else 1.0  # sim/host.py
         self.pages = PageManager(profile.kv_pages, profile.page_size)
         self.table = profile.cost_table()
         self.policy = make_policy(scheduler)
@@ -184,7 +183,7 @@ class SimReplica:
         drafters = sum(1 for c in caps if c > 0)
         forward = self.slow / self.table(tokens)
         seconds = self.slow * self.profile.step_seconds(tokens, len(decoding), drafters, self.table)
-        seconds = seconds * self._served_factor + self.serving_debt_s
+        seconds += self.serving_debt_s
         self.serving_debt_s = 0.0
         draft = self.slow * (self.profile.draft_s_per_step + drafters * self.profile.draft_s_per_request)
         return Plan(decoding, lengths, chunks, tokens, drafting, draft if drafters else 0.0, forward, seconds)

@@ -1,9 +1,24 @@
-"""bench/serving_cost.py's accounting: a replica's threads split into its engine thread and the rest, and
-where the engine's stepping time went (on a CPU, waiting for one, blocked)."""
+"""bench/serving_cost.py's accounting: a replica's threads split into its engine thread and the rest,
+where the engine's stepping time went (on a CPU, waiting for one, blocked), and the profile's step terms
+fitted to its engine sweep."""
 
 from __future__ import annotations
 
-from bench.serving_cost import ENGINE_COUNTERS, engine_time, split_engine
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.serving_cost import (
+    ENGINE_COUNTERS,
+    derive_profile,
+    engine_time,
+    parse_sweep,
+    split_engine,
+    sweep_label,
+)
+from sim.profiles import from_dict
+from sim.step_fit import EngineRun, model_s
 
 
 def test_each_replicas_busiest_thread_is_its_engine_and_only_that_threads_run_delay_is_kept():
@@ -34,3 +49,50 @@ def test_a_steps_wall_time_is_the_engines_cpu_its_wait_for_a_cpu_and_the_rest_bl
     assert (run["steps"], run["rounds"], run["forward_tokens"]) == (100, 300, 400)
     assert (run["engine_cpu_s"], run["engine_run_delay_s"], run["engine_blocked_s"]) == (4.0, 5.5, 0.5)
     assert run["replica_other_cpu_s"] == 0.5
+
+
+def test_the_engine_sweep_is_given_as_concurrency_x_prompt_tokens():
+    assert parse_sweep("2x48,12x48,8x144") == [(2, 48), (12, 48), (8, 144)]
+    assert sweep_label(8, 144) == "engine_c8_p144"
+
+
+def test_write_profile_fits_the_step_terms_to_the_engine_sweep_over_the_replicas_table():
+    """A measurement whose sweep runs were made by known step terms over a given table: the derived
+    profile carries that table, those terms and sources naming the sweep; the rest is derived as without
+    a sweep."""
+    root = Path(__file__).resolve().parents[2]
+    measured = json.loads((root / "bench" / "results" / "serving_cost.json").read_text())
+    serve = json.loads((root / "bench" / "results" / "serve_proxy.json").read_text())
+    profile = json.loads((root / "sim" / "profiles" / "cpu_measured.json").read_text())
+    table = {
+        "path": "/cache/sps-0123.json",
+        "points": [1, 8, 64, 1024],
+        "rates": [120.0, 100.0, 40.0, 4.0],
+        "fingerprint": {"hardware": {"threads": 1}},
+    }
+    terms = {"step_overhead_s": 0.0031, "request_overhead_s": 0.00072, "token_overhead_s": 0.000013}
+    cost = from_dict({**profile, "sps": {"points": table["points"], "rates": table["rates"]}}).cost_table()
+    shapes = {(2, 48): (900, 2700, 900), (8, 48): (500, 3000, 2000), (8, 144): (500, 6000, 1500)}
+    steps = {}
+    for (c, p), (n, tokens, rounds) in shapes.items():
+        run = EngineRun(n, tokens, rounds, 0.0)
+        cpu = n * model_s(run, cost, terms)
+        counters = {"steps": n, "forward_tokens": tokens, "rounds": rounds, "drafted_tokens": 7}
+        steps[sweep_label(c, p)] = {**counters, "engine_cpu_s": cpu}
+    serving = {**measured["serving"], "engine_steps": steps, "engine_sweep": list(steps), "sps_table": table}
+
+    plain = derive_profile(profile, measured["serving"], serve, measured["command"])
+    fitted = derive_profile(profile, serving, serve, "python bench/serving_cost.py --models models")
+    assert {k: fitted[k] for k in terms} == pytest.approx(terms, abs=1e-9)
+    assert fitted["sps"] == {"points": table["points"], "rates": table["rates"]}
+    assert fitted["sps_fingerprint"] == table["fingerprint"]
+    changed = {k for k in fitted if fitted[k] != plain[k]}
+    assert changed == {"sps", "sps_fingerprint", "sources", *terms}
+    (step_source,) = [s for s in fitted["sources"] if s.startswith("engine overhead per step")]
+    assert "engine_c2_p48, engine_c8_p48, engine_c8_p144" in step_source
+    assert "never the validation's trace" in step_source and "1.000, 1.000, 1.000" in step_source
+    assert "drafted 21 of 11700 forward tokens" in step_source
+    (sps_source,) = [s for s in fitted["sources"] if s.startswith("SPS(B)")]
+    assert "sps-0123.json" in sps_source
+    kept = [s for s in fitted["sources"] if not s.startswith(("SPS(B)", "engine overhead per step"))]
+    assert kept == [s for s in plain["sources"] if not s.startswith(("SPS(B)", "engine overhead per step"))]

@@ -141,60 +141,15 @@ def test_a_profile_with_a_host_keeps_its_host_when_scaled():
     assert dataclasses.replace(small_profile(host=cost)).scaled(2.0).host == cost
 
 
-def test_the_cpu_profiles_host_block_is_derived_from_the_committed_measurement():
-    from bench.serving_cost import host_block, request_path_s
+def test_the_cpu_profile_is_derived_from_the_committed_measurements():
+    """The whole of cpu_measured.json is what bench/serving_cost.py --write-profile makes of the committed
+    serving_cost.json and serve_proxy.json: the host block, request_path_s and, once serving_cost.json
+    has an engine sweep, the SPS table and the step terms fitted to it (tests/bench/test_serving_cost.py)."""
+    from bench.serving_cost import derive_profile
 
     root = Path(__file__).resolve().parents[2]
     measured = json.loads((root / "bench" / "results" / "serving_cost.json").read_text())
     serve = json.loads((root / "bench" / "results" / "serve_proxy.json").read_text())
-    profile = load("cpu_measured")
-    assert dataclasses.asdict(profile.host) == host_block(measured["serving"])
-    assert profile.request_path_s == request_path_s(serve, host_block(measured["serving"]))
-
-
-def test_the_served_engines_cpu_factor_scales_each_steps_engine_time_but_not_the_serving_debt():
-    alone = one_request(None)
-    served = one_request(HostCost(cores=8, replicas=1, engine_cpu_factor=1.5, replica_cpu_s_per_token=0.003))
-    assert served.first_token == pytest.approx(1.5 * alone.first_token, rel=1e-12)
-    assert tpot(served) == pytest.approx(1.5 * tpot(alone) + 0.003, rel=1e-12)
-
-
-def test_the_served_engines_cpu_factor_leaves_the_engines_decisions_alone():
-    """Drafting replicas, verify lengths by the engine's scheduler, the draft gate on: a factor of 2
-    (on a host with room) doubles every time and changes no step's composition or verdict."""
-
-    def run(factor):
-        cost = HostCost(cores=64, replicas=1, engine_cpu_factor=factor)
-        requests = [
-            Request(rid=i, arrival=0.0, prompt_tokens=32, max_tokens=60, sla_class="standard", domain=d)
-            for i, d in enumerate(("easy", "hard", "easy"))
-        ]
-        config = ClusterConfig(
-            fleet=[Group(small_profile(host=cost), 1)],
-            classes=CLASSES,
-            default_class="standard",
-            router="pow2",
-        )
-        cluster = Cluster(config, requests)
-        cluster.run(100.0)
-        (replica,) = cluster.all_replicas()
-        return replica.counters, requests
-
-    (c1, r1), (c2, r2) = run(1.0), run(2.0)
-    assert (c1.steps, c1.rounds, c1.drafted_tokens, c1.accepted_tokens) == (
-        c2.steps,
-        c2.rounds,
-        c2.drafted_tokens,
-        c2.accepted_tokens,
-    )
-    assert c1.verify_accept == c2.verify_accept and c1.drafted_tokens > 0
-    for a, b in zip(r1, r2):
-        assert (b.first_token, b.finish) == pytest.approx((2 * a.first_token, 2 * a.finish), rel=1e-12)
-
-
-def test_the_engine_cpu_factor_is_derived_from_the_engine_run_and_is_1_for_an_older_measurement():
-    from bench.serving_cost import engine_cpu_factor
-
-    run = {"engine_cpu_s": 6.0, "engine_cpu_over_model": 1.23456}
-    assert engine_cpu_factor({"engine_concurrency": 8, "engine_steps": {"long": {}, "engine": run}}) == 1.235
-    assert engine_cpu_factor({"cpu_s_per_token": {}}) == 1.0
+    committed = json.loads((root / "sim" / "profiles" / "cpu_measured.json").read_text())
+    assert derive_profile(committed, measured["serving"], serve, measured["command"]) == committed
+    assert dataclasses.asdict(load("cpu_measured").host) == committed["host"]

@@ -286,6 +286,8 @@ ENGINE_COUNTERS = (
     "forward_tokens",
     "rounds",
     "drafted_tokens",
+    "draft_time_s",
+    "gated_rounds",
 )
 
 
@@ -450,18 +452,21 @@ def derive_profile(profile: dict, serving: dict, serve: dict, command: str) -> d
     ratios = step_fit.cpu_over_model(runs, cost, terms)
     drafted = sum(serving["engine_steps"][label]["drafted_tokens"] for label in sweep)
     forward = sum(r.forward_tokens for r in runs)
+    draft_share = sum(r.draft_cpu_s for r in runs) / sum(r.cpu_s for r in runs)
     sources = {
         SPS_SOURCE: f"{SPS_SOURCE} the engine's own profiled cost table (dspark/cost_table.py) the served "
         f"replicas used in serving_cost's engine sweep ({command}), cache file {Path(table['path']).name}, "
         "fingerprint in `sps_fingerprint`; the smoothed (isotonic) rates",
         STEP_SOURCE: f"{STEP_SOURCE} non-negative least-squares fit (sim/step_fit.py) of the served "
-        "engine thread's CPU per step less 1/SPS(mean tokens per step) on (1, decoding requests per step, "
+        "engine thread's CPU per step, less its drafting, less 1/SPS(mean tokens per step) on (1, decoding "
+        "requests per step, "
         f"tokens per step) over serving_cost's engine sweep ({command}; runs {', '.join(sweep)}: "
         "concurrency x prompt tokens, two replicas at 1 torch thread, closed loop, its own held-out "
         "prompts, never the validation's trace); per-run CPU over the fitted model "
         f"{', '.join(f'{r:.3f}' for r in ratios)}; the engines drafted {int(drafted)} of "
-        f"{int(forward)} forward tokens there (the draft gate declined almost every round), so the fit is "
-        "of plain steps and those few drafts' cost is inside it",
+        f"{int(forward)} forward tokens there (their draft gate declines most rounds on this machine), "
+        f"and drafting took {draft_share:.1%} of their CPU (the engine's drafting seconds at its CPU share "
+        "of the steps' wall), taken out: the drafter terms price drafting apart",
     }
     out["sources"] = [
         next((text for prefix, text in sources.items() if s.startswith(prefix)), s)

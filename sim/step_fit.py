@@ -8,10 +8,12 @@ The SPS table is the engine's own profile of its forward; the three overheads ar
 the forward (scheduling, sampling, bookkeeping, streaming each token out of the engine). They are fitted
 here to runs of the engine as it is served: per run, its steps, the tokens through its forward and the
 decoding requests over those steps (the engine's own counters, summed over the run), and the engine
-thread's CPU time. Each run is one point at its mean tokens and requests per step; the overheads are the
-non-negative least-squares fit of (CPU per step - 1 / SPS(mean tokens)) on (1, requests, tokens) over the
-points. A fit needs points that vary both (e.g. several concurrencies, and a run with longer prompts: at
-one prompt shape tokens per step move with requests per step and the two terms cannot be told apart).
+thread's CPU time less its drafting (the engine's own drafting seconds at the share of its steps' wall
+time it spent on a CPU: the profile's drafter terms price drafting apart). Each run is one point at its
+mean tokens and requests per step; the overheads are the non-negative least-squares fit of (plain CPU per
+step - 1 / SPS(mean tokens)) on (1, requests, tokens) over the points. A fit needs points that vary both
+(several concurrencies, and a run with longer prompts: at one prompt shape tokens per step move with
+requests per step and the two terms cannot be told apart).
 """
 
 from __future__ import annotations
@@ -27,17 +29,26 @@ TERMS = ("step_overhead_s", "request_overhead_s", "token_overhead_s")
 
 @dataclass(frozen=True)
 class EngineRun:
-    """An engine run's totals: steps, tokens through the forward, decoding requests summed over steps."""
+    """An engine run's totals: steps, tokens through the forward, decoding requests summed over steps, the
+    engine thread's CPU and the part of it spent drafting."""
 
     steps: int
     forward_tokens: float
     rounds: float
     cpu_s: float
+    draft_cpu_s: float = 0.0
 
     @classmethod
     def from_counters(cls, run: dict) -> EngineRun:
         """From a bench/serving_cost.py engine run (`engine_steps` entry)."""
-        return cls(int(run["steps"]), run["forward_tokens"], run["rounds"], run["engine_cpu_s"])
+        wall = run.get("step_time_s", 0.0)
+        on_cpu = min(1.0, run["engine_cpu_s"] / wall) if wall > 0 else 1.0
+        draft_cpu = run.get("draft_time_s", 0.0) * on_cpu
+        return cls(int(run["steps"]), run["forward_tokens"], run["rounds"], run["engine_cpu_s"], draft_cpu)
+
+    @property
+    def plain_cpu_s(self) -> float:
+        return self.cpu_s - self.draft_cpu_s
 
     @property
     def tokens_per_step(self) -> float:
@@ -75,7 +86,7 @@ def fit_step_terms(runs: Sequence[EngineRun], table: Table) -> dict[str, float]:
     if len(runs) < len(TERMS):
         raise ValueError(f"a fit of {len(TERMS)} terms needs at least {len(TERMS)} runs, got {len(runs)}")
     x = np.array([[1.0, r.requests_per_step, r.tokens_per_step] for r in runs])
-    y = np.array([r.cpu_s / r.steps - forward_s(r, table) for r in runs])
+    y = np.array([r.plain_cpu_s / r.steps - forward_s(r, table) for r in runs])
     if np.linalg.matrix_rank(x) < len(TERMS):
         raise ValueError("the runs do not vary requests and tokens per step independently: add runs")
     best, best_err = np.zeros(len(TERMS)), float(y @ y)
@@ -90,5 +101,5 @@ def fit_step_terms(runs: Sequence[EngineRun], table: Table) -> dict[str, float]:
 
 
 def cpu_over_model(runs: Sequence[EngineRun], table: Table, terms: dict[str, float]) -> list[float]:
-    """Each run's measured CPU per step over the model's (1.0: the model explains the run)."""
-    return [r.cpu_s / r.steps / model_s(r, table, terms) for r in runs]
+    """Each run's measured CPU per plain step over the model's (1.0: the model explains the run)."""
+    return [r.plain_cpu_s / r.steps / model_s(r, table, terms) for r in runs]

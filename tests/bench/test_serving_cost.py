@@ -91,7 +91,10 @@ def test_write_profile_fits_the_step_terms_to_the_engine_sweep_over_the_replicas
     (step_source,) = [s for s in fitted["sources"] if s.startswith("engine overhead per step")]
     assert "engine_c2_p48, engine_c8_p48, engine_c8_p144" in step_source
     assert "never the validation's trace" in step_source and "1.000, 1.000, 1.000" in step_source
-    assert "drafted 21 of 11700 forward tokens" in step_source
+    assert (
+        "drafted 21 of 11700 forward tokens" in step_source
+        and "drafting took 0.0% of their CPU" in step_source
+    )
     (sps_source,) = [s for s in fitted["sources"] if s.startswith("SPS(B)")]
     assert "sps-0123.json" in sps_source
     kept = [s for s in fitted["sources"] if not s.startswith(("SPS(B)", "engine overhead per step"))]

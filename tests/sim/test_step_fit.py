@@ -58,3 +58,18 @@ def test_runs_at_one_prompt_shape_cannot_tell_requests_from_tokens_and_are_refus
         fit_step_terms(runs_from(TERMS, same_shape), TABLE)
     with pytest.raises(ValueError, match="at least 3 runs"):
         fit_step_terms(runs_from(TERMS)[:2], TABLE)
+
+
+def test_a_runs_drafting_is_taken_out_at_the_engines_cpu_share_of_its_steps_wall():
+    """Engine threads on a CPU for 80% of their steps' wall time: of 0.5 s spent drafting, 0.4 s was CPU.
+    Runs carrying that on top of known plain steps still give the plain terms back."""
+    runs = []
+    for steps, tokens, rounds in SHAPES:
+        plain = steps * model_s(EngineRun(steps, tokens, rounds, 0.0), TABLE, TERMS)
+        cpu = plain + 0.4
+        counters = {"steps": steps, "forward_tokens": tokens, "rounds": rounds, "engine_cpu_s": cpu}
+        runs.append(EngineRun.from_counters({**counters, "step_time_s": cpu / 0.8, "draft_time_s": 0.5}))
+    assert [r.draft_cpu_s for r in runs] == pytest.approx([0.4] * len(SHAPES), rel=1e-12)
+    assert fit_step_terms(runs, TABLE) == pytest.approx(TERMS, rel=1e-9)
+    older = EngineRun.from_counters({"steps": 10, "forward_tokens": 10, "rounds": 10, "engine_cpu_s": 1.0})
+    assert older.draft_cpu_s == 0.0 and older.plain_cpu_s == 1.0

@@ -21,22 +21,27 @@ those terms so the simulator's host model (sim/host.py) takes them as data:
    CPU without waiting for one (blocked: the interpreter lock), and the simulator's model of the same
    steps (engine_cpu_over_model: about 1.0 once the profile is fitted to these runs). --write-profile fits
    the profile's step, request and token overheads to the sweep (sim/step_fit.py) over the SPS table the
-   replicas used (recorded here). Each run also records the stack's CPU and the whole machine's busy cores
-   (/proc/stat): busy beyond the stack's own is other work sharing the machine (CPU per unit of work
-   reads higher then); engines waiting for a CPU while the machine is short of its cores busy is
-   scheduling that leaves a core idle, which the host model's fair sharing does not have.
+   replicas used (recorded here). Last, the replicas are redeployed with the draft gate off and runs at
+   --draft-sweep's concurrencies measure the drafter's cost per drafting step (the validation's engines
+   gate drafting off in most rounds, so the gated sweep hardly drafts); --write-profile fits the profile's
+   drafter terms to them, and the simulated engines' own draft gate decides from those. Each run also
+   records the stack's CPU and the whole machine's busy cores (/proc/stat): busy beyond the stack's own
+   is other work sharing the machine (CPU per unit of work reads higher then); engines waiting for a CPU
+   while the machine is short of its cores busy is scheduling that leaves a core idle, which the host
+   model's fair sharing does not have.
 2. Core sharing: k copies of one fixed CPU-bound job (a single-threaded torch matmul loop, the kind of
    work a forward is) started together on this machine's cores; each copy's wall time against one copy
    alone. With C cores and k > C runnable jobs, fair sharing predicts a stretch of k / C.
 
     python bench/serving_cost.py [--quick] [--requests 24] [--max-tokens 48] [--concurrency 4]
-                                 [--engine-sweep 2x48,4x48,8x48,12x48,8x144]
+                                 [--engine-sweep 2x48,4x48,8x48,12x48,8x144] [--draft-sweep 2x48,8x48]
     python bench/serving_cost.py --write-profile   # then: the measured terms into cpu_measured.json
 
 Writes bench/results/serving_cost.json (build/serving_cost_quick.json with --quick); --write-profile
 derives sim/profiles/cpu_measured.json's `host` block and `request_path_s` from it and serve_proxy.json,
 and, from the engine sweep, the profile's SPS table (the replicas') and its step, request and token
-overheads. The sweep is serving_cost's own closed-loop workload, never the validation's trace.
+overheads, and from the draft sweep its drafter terms. The sweeps are serving_cost's own closed-loop
+workload, never the validation's trace.
 """
 
 from __future__ import annotations
@@ -180,7 +185,13 @@ async def _drive(base_url: str, model: str, prompts: list[str], max_tokens: int,
 
 
 def measure_serving(
-    models: str, requests: int, max_tokens: int, concurrency: int, idle_s: float, sweep: list[tuple[int, int]]
+    models: str,
+    requests: int,
+    max_tokens: int,
+    concurrency: int,
+    idle_s: float,
+    sweep: list[tuple[int, int]],
+    draft_sweep: list[tuple[int, int]],
 ) -> dict:
     import ray
     from ray import serve
@@ -240,6 +251,12 @@ def measure_serving(
         long, long_tokens, long_wall = run(max_tokens, label="long")
         for streams, length in sweep:  # the engines across batch sizes and prompt lengths
             run(max_tokens, streams, sweep_label(streams, length), prompts_of(length))
+        if draft_sweep:  # the drafter's cost: the same engines drafting every round
+            gate_off = {**app, "engine": {**ENGINE, "draft_gate": False}}
+            serve.run(build_app(gate_off), name="servingcost", route_prefix="/")
+            run(2)  # warm the redeployed replicas
+            for streams, length in draft_sweep:
+                run(max_tokens, streams, sweep_label(streams, length, "draft"), prompts_of(length))
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -264,13 +281,14 @@ def measure_serving(
         # simulator's model of the same steps: the served engine's cost.
         "engine_steps": {k: {**v, **engine_model_s(v, table)} for k, v in steps.items() if k},
         "engine_sweep": [sweep_label(c, p) for c, p in sweep],
+        "draft_sweep": [sweep_label(c, p, "draft") for c, p in draft_sweep],
         # The SPS table the replicas used (the engine's cache on this machine): the fit's forward term.
         "sps_table": table,
     }
 
 
-def sweep_label(concurrency: int, prompt_tokens: int) -> str:
-    return f"engine_c{concurrency}_p{prompt_tokens}"
+def sweep_label(concurrency: int, prompt_tokens: int, kind: str = "engine") -> str:
+    return f"{kind}_c{concurrency}_p{prompt_tokens}"
 
 
 def parse_sweep(text: str) -> list[tuple[int, int]]:
@@ -288,6 +306,7 @@ ENGINE_COUNTERS = (
     "drafted_tokens",
     "draft_time_s",
     "gated_rounds",
+    "accepted_tokens",
 )
 
 
@@ -431,48 +450,75 @@ def request_path_s(serve: dict, host: dict) -> float:
 
 
 STEP_SOURCE = "engine overhead per step, per request and per token:"
+DRAFT_SOURCE = "drafter cost per step:"
 SPS_SOURCE = "SPS(B):"
 
 
 def derive_profile(profile: dict, serving: dict, serve: dict, command: str) -> dict:
     """cpu_measured.json (as a dict) with its host block and request_path_s derived from `serving` and
-    `serve`, and, when `serving` has an engine sweep, its SPS table and step terms fitted to the sweep
-    (a measurement without one leaves them, and their sources, as they are)."""
+    `serve`; when `serving` has an engine sweep, its SPS table and step terms fitted to the sweep, and when
+    it has a draft sweep, its drafter terms (a measurement without them leaves those, and their sources,
+    as they are)."""
     out = {**profile, "host": host_block(serving)}
     out["request_path_s"] = request_path_s(serve, out["host"])
-    sweep, table = serving.get("engine_sweep"), serving.get("sps_table")
-    if not sweep or not table:
-        return out
-    runs = [step_fit.EngineRun.from_counters(serving["engine_steps"][label]) for label in sweep]
-    out["sps"] = {"points": list(table["points"]), "rates": list(table["rates"])}
-    out["sps_fingerprint"] = table.get("fingerprint") or out.get("sps_fingerprint")
-    cost = from_dict(out).cost_table()
-    terms = {k: round(v, 9) for k, v in step_fit.fit_step_terms(runs, cost).items()}
-    out.update(terms)
-    ratios = step_fit.cpu_over_model(runs, cost, terms)
-    drafted = sum(serving["engine_steps"][label]["drafted_tokens"] for label in sweep)
-    forward = sum(r.forward_tokens for r in runs)
-    draft_share = sum(r.draft_cpu_s for r in runs) / sum(r.cpu_s for r in runs)
-    sources = {
-        SPS_SOURCE: f"{SPS_SOURCE} the engine's own profiled cost table (dspark/cost_table.py) the served "
-        f"replicas used in serving_cost's engine sweep ({command}), cache file {Path(table['path']).name}, "
-        "fingerprint in `sps_fingerprint`; the smoothed (isotonic) rates",
-        STEP_SOURCE: f"{STEP_SOURCE} non-negative least-squares fit (sim/step_fit.py) of the served "
-        "engine thread's CPU per step, less its drafting, less 1/SPS(mean tokens per step) on (1, decoding "
-        "requests per step, "
-        f"tokens per step) over serving_cost's engine sweep ({command}; runs {', '.join(sweep)}: "
-        "concurrency x prompt tokens, two replicas at 1 torch thread, closed loop, its own held-out "
-        "prompts, never the validation's trace); per-run CPU over the fitted model "
-        f"{', '.join(f'{r:.3f}' for r in ratios)}; the engines drafted {int(drafted)} of "
-        f"{int(forward)} forward tokens there (their draft gate declines most rounds on this machine), "
-        f"and drafting took {draft_share:.1%} of their CPU (the engine's drafting seconds at its CPU share "
-        "of the steps' wall), taken out: the drafter terms price drafting apart",
-    }
+    sources = {}
+    if serving.get("engine_sweep") and serving.get("sps_table"):
+        sources.update(_fit_steps(out, serving, command))
+    if serving.get("draft_sweep"):
+        sources.update(_fit_drafter(out, serving, command))
     out["sources"] = [
         next((text for prefix, text in sources.items() if s.startswith(prefix)), s)
         for s in profile["sources"]
     ]
     return out
+
+
+def _runs(serving: dict, labels: list[str]) -> list[step_fit.EngineRun]:
+    return [step_fit.EngineRun.from_counters(serving["engine_steps"][label]) for label in labels]
+
+
+def _fit_steps(out: dict, serving: dict, command: str) -> dict[str, str]:
+    """The SPS table and the step terms into `out`; their sources by prefix."""
+    sweep, table = serving["engine_sweep"], serving["sps_table"]
+    runs = _runs(serving, sweep)
+    out["sps"] = {"points": list(table["points"]), "rates": list(table["rates"])}
+    out["sps_fingerprint"] = table.get("fingerprint") or out.get("sps_fingerprint")
+    cost = from_dict(out).cost_table()
+    terms = {k: round(v, 9) for k, v in step_fit.fit_step_terms(runs, cost).items()}
+    out.update(terms)
+    ratios = ", ".join(f"{r:.3f}" for r in step_fit.cpu_over_model(runs, cost, terms))
+    drafted = sum(serving["engine_steps"][label]["drafted_tokens"] for label in sweep)
+    forward = sum(r.forward_tokens for r in runs)
+    draft_share = sum(r.draft_cpu_s for r in runs) / sum(r.cpu_s for r in runs)
+    return {
+        SPS_SOURCE: f"{SPS_SOURCE} the engine's own profiled cost table (dspark/cost_table.py) the served "
+        f"replicas used in serving_cost's engine sweep ({command}), cache file {Path(table['path']).name}, "
+        "fingerprint in `sps_fingerprint`; the smoothed (isotonic) rates",
+        STEP_SOURCE: f"{STEP_SOURCE} non-negative least-squares fit (sim/step_fit.py) of the served "
+        "engine thread's CPU per step, less its drafting, less 1/SPS(mean tokens per step) on (1, decoding "
+        f"requests per step, tokens per step) over serving_cost's engine sweep ({command}; runs "
+        f"{', '.join(sweep)}: concurrency x prompt tokens, two replicas at 1 torch thread, closed loop, its "
+        f"own held-out prompts, never the validation's trace); per-run CPU over the fitted model {ratios}; "
+        f"the engines drafted {int(drafted)} of {int(forward)} forward tokens there (their draft gate "
+        f"declines most rounds on this machine), and drafting took {draft_share:.1%} of their CPU (the "
+        "engine's drafting seconds at its CPU share of the steps' wall), taken out: the drafter terms "
+        "price drafting apart",
+    }
+
+
+def _fit_drafter(out: dict, serving: dict, command: str) -> dict[str, str]:
+    """The drafter terms into `out`; their source by prefix."""
+    sweep = serving["draft_sweep"]
+    draft = {k: round(v, 9) for k, v in step_fit.fit_draft_terms(_runs(serving, sweep)).items()}
+    out.update(draft)
+    return {
+        DRAFT_SOURCE: f"{DRAFT_SOURCE} non-negative least-squares fit (sim/step_fit.py) of the served "
+        "engine thread's drafting CPU per step (the engine's drafting seconds at its CPU share of the "
+        "steps' wall) on (1, decoding requests per step) over serving_cost's draft sweep, the same "
+        f"replicas redeployed with the draft gate off ({command}; runs {', '.join(sweep)}, never the "
+        f"validation's trace): {draft['draft_s_per_step'] * 1e3:.3g} ms + "
+        f"{draft['draft_s_per_request'] * 1e3:.3g} ms x N",
+    }
 
 
 def write_profile(measured: Path, serve: Path = SERVE_PROXY) -> dict:
@@ -497,6 +543,12 @@ def main(argv: list[str] | None = None) -> None:
         default=parse_sweep("2x48,4x48,8x48,12x48,8x144"),
         help="runs measuring the engines, concurrency x prompt tokens (the step terms' fit points)",
     )
+    p.add_argument(
+        "--draft-sweep",
+        type=parse_sweep,
+        default=parse_sweep("2x48,8x48"),
+        help="runs with the draft gate off, concurrency x prompt tokens (the drafter terms' fit points)",
+    )
     p.add_argument("--idle-s", type=float, default=5.0)
     p.add_argument("--sharing-iterations", type=int, default=3000)
     p.add_argument("--skip-serving", action="store_true", help="only the core-sharing measurement")
@@ -508,6 +560,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.requests, args.max_tokens, args.concurrency, args.idle_s = 4, 8, 2, 1.0
         args.engine_sweep = parse_sweep("1x48,4x48,4x144")
+        args.draft_sweep = parse_sweep("1x48,4x48")
         args.sharing_iterations = 300
     out = args.out or (
         REPO / "build" / "serving_cost_quick.json"
@@ -534,6 +587,7 @@ def main(argv: list[str] | None = None) -> None:
             args.concurrency,
             args.idle_s,
             args.engine_sweep,
+            args.draft_sweep,
         )
     result["load_avg_1m_at_end"] = os.getloadavg()[0]
     result["wall_minutes"] = round((time.time() - start) / 60, 2)

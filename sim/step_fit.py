@@ -14,6 +14,9 @@ mean tokens and requests per step; the overheads are the non-negative least-squa
 step - 1 / SPS(mean tokens)) on (1, requests, tokens) over the points. A fit needs points that vary both
 (several concurrencies, and a run with longer prompts: at one prompt shape tokens per step move with
 requests per step and the two terms cannot be told apart).
+
+The drafter's terms (draft_s_per_step + n draft_s_per_request, on a step where n requests draft) are fitted
+alike to runs that draft every round (the draft gate off): the drafting CPU per step on (1, requests).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 TERMS = ("step_overhead_s", "request_overhead_s", "token_overhead_s")
+DRAFT_TERMS = ("draft_s_per_step", "draft_s_per_request")
 
 
 @dataclass(frozen=True)
@@ -78,26 +82,38 @@ def model_s(run: EngineRun, table: Table, terms: dict[str, float]) -> float:
 
 
 def fit_step_terms(runs: Sequence[EngineRun], table: Table) -> dict[str, float]:
-    """The non-negative least-squares overheads over `runs` (see the module docstring).
+    """The non-negative least-squares overheads over `runs` (see the module docstring)."""
+    x = [[1.0, r.requests_per_step, r.tokens_per_step] for r in runs]
+    y = [r.plain_cpu_s / r.steps - forward_s(r, table) for r in runs]
+    return dict(zip(TERMS, nonnegative_least_squares(x, y, "requests and tokens")))
 
-    Exact for three unknowns: every subset of the terms is solved unconstrained (the others held at 0)
-    and the feasible solution of least squared error is kept, which is where the constrained optimum lies.
-    """
-    if len(runs) < len(TERMS):
-        raise ValueError(f"a fit of {len(TERMS)} terms needs at least {len(TERMS)} runs, got {len(runs)}")
-    x = np.array([[1.0, r.requests_per_step, r.tokens_per_step] for r in runs])
-    y = np.array([r.plain_cpu_s / r.steps - forward_s(r, table) for r in runs])
-    if np.linalg.matrix_rank(x) < len(TERMS):
-        raise ValueError("the runs do not vary requests and tokens per step independently: add runs")
-    best, best_err = np.zeros(len(TERMS)), float(y @ y)
-    for size in range(1, len(TERMS) + 1):
-        for cols in itertools.combinations(range(len(TERMS)), size):
-            coef = np.zeros(len(TERMS))
-            coef[list(cols)] = np.linalg.lstsq(x[:, cols], y, rcond=None)[0]
-            err = float(np.sum((y - x @ coef) ** 2))
+
+def fit_draft_terms(runs: Sequence[EngineRun]) -> dict[str, float]:
+    """The drafter's terms over runs that drafted every round: drafting CPU per step on (1, requests)."""
+    x = [[1.0, r.requests_per_step] for r in runs]
+    y = [r.draft_cpu_s / r.steps for r in runs]
+    return dict(zip(DRAFT_TERMS, nonnegative_least_squares(x, y, "requests")))
+
+
+def nonnegative_least_squares(rows: list[list[float]], y: list[float], varied: str) -> list[float]:
+    """argmin |y - x c| over c >= 0, exact for a few unknowns: every subset of the columns is solved
+    unconstrained (the others held at 0) and the feasible solution of least squared error is kept, which
+    is where the constrained optimum lies."""
+    x, target = np.array(rows), np.array(y)
+    terms = x.shape[1]
+    if len(rows) < terms:
+        raise ValueError(f"a fit of {terms} terms needs at least {terms} runs, got {len(rows)}")
+    if np.linalg.matrix_rank(x) < terms:
+        raise ValueError(f"the runs do not vary {varied} per step independently: add runs")
+    best, best_err = np.zeros(terms), float(target @ target)
+    for size in range(1, terms + 1):
+        for cols in itertools.combinations(range(terms), size):
+            coef = np.zeros(terms)
+            coef[list(cols)] = np.linalg.lstsq(x[:, cols], target, rcond=None)[0]
+            err = float(np.sum((target - x @ coef) ** 2))
             if coef.min() >= 0 and err < best_err - 1e-18:
                 best, best_err = coef, err
-    return {name: float(v) for name, v in zip(TERMS, best)}
+    return [float(v) for v in best]
 
 
 def cpu_over_model(runs: Sequence[EngineRun], table: Table, terms: dict[str, float]) -> list[float]:

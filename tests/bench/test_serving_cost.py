@@ -56,10 +56,11 @@ def test_the_engine_sweep_is_given_as_concurrency_x_prompt_tokens():
     assert sweep_label(8, 144) == "engine_c8_p144"
 
 
-def test_write_profile_fits_the_step_terms_to_the_engine_sweep_over_the_replicas_table():
-    """A measurement whose sweep runs were made by known step terms over a given table: the derived
-    profile carries that table, those terms and sources naming the sweep; the rest is derived as without
-    a sweep."""
+def test_write_profile_fits_the_step_and_drafter_terms_to_the_sweeps_over_the_replicas_table():
+    """A measurement whose sweep runs were made by known step terms over a given table, and whose
+    gate-off runs drafted at known drafter terms (engine threads on a CPU for half their steps' wall): the
+    derived profile carries that table, those terms and sources naming the sweeps; the rest is derived as
+    without the sweeps."""
     root = Path(__file__).resolve().parents[2]
     measured = json.loads((root / "bench" / "results" / "serving_cost.json").read_text())
     serve = json.loads((root / "bench" / "results" / "serve_proxy.json").read_text())
@@ -71,31 +72,48 @@ def test_write_profile_fits_the_step_terms_to_the_engine_sweep_over_the_replicas
         "fingerprint": {"hardware": {"threads": 1}},
     }
     terms = {"step_overhead_s": 0.0031, "request_overhead_s": 0.00072, "token_overhead_s": 0.000013}
+    drafter = {"draft_s_per_step": 0.0042, "draft_s_per_request": 0.0011}
     cost = from_dict({**profile, "sps": {"points": table["points"], "rates": table["rates"]}}).cost_table()
-    shapes = {(2, 48): (900, 2700, 900), (8, 48): (500, 3000, 2000), (8, 144): (500, 6000, 1500)}
     steps = {}
-    for (c, p), (n, tokens, rounds) in shapes.items():
-        run = EngineRun(n, tokens, rounds, 0.0)
-        cpu = n * model_s(run, cost, terms)
+    for (c, p), (n, tokens, rounds) in {
+        (2, 48): (900, 2700, 900),
+        (8, 48): (500, 3000, 2000),
+        (8, 144): (500, 6000, 1500),
+    }.items():
+        cpu = n * model_s(EngineRun(n, tokens, rounds, 0.0), cost, terms)
         counters = {"steps": n, "forward_tokens": tokens, "rounds": rounds, "drafted_tokens": 7}
         steps[sweep_label(c, p)] = {**counters, "engine_cpu_s": cpu}
-    serving = {**measured["serving"], "engine_steps": steps, "engine_sweep": list(steps), "sps_table": table}
+    for c, (n, rounds) in {2: (800, 800), 8: (400, 1400)}.items():
+        draft_cpu = n * drafter["draft_s_per_step"] + rounds * drafter["draft_s_per_request"]
+        counters = {"steps": n, "forward_tokens": 3 * rounds, "rounds": rounds, "drafted_tokens": 2 * rounds}
+        run = {**counters, "engine_cpu_s": 3 * draft_cpu, "draft_time_s": 2 * draft_cpu}
+        steps[sweep_label(c, 48, "draft")] = {**run, "step_time_s": 6 * draft_cpu}
+    serving = {
+        **measured["serving"],
+        "engine_steps": steps,
+        "engine_sweep": [k for k in steps if k.startswith("engine")],
+        "draft_sweep": [k for k in steps if k.startswith("draft")],
+        "sps_table": table,
+    }
 
     plain = derive_profile(profile, measured["serving"], serve, measured["command"])
     fitted = derive_profile(profile, serving, serve, "python bench/serving_cost.py --models models")
     assert {k: fitted[k] for k in terms} == pytest.approx(terms, abs=1e-9)
+    assert {k: fitted[k] for k in drafter} == pytest.approx(drafter, abs=1e-9)
     assert fitted["sps"] == {"points": table["points"], "rates": table["rates"]}
     assert fitted["sps_fingerprint"] == table["fingerprint"]
     changed = {k for k in fitted if fitted[k] != plain[k]}
-    assert changed == {"sps", "sps_fingerprint", "sources", *terms}
+    assert changed == {"sps", "sps_fingerprint", "sources", *terms, *drafter}
+    fitted_sources = ("SPS(B)", "engine overhead per step", "drafter cost per step")
     (step_source,) = [s for s in fitted["sources"] if s.startswith("engine overhead per step")]
     assert "engine_c2_p48, engine_c8_p48, engine_c8_p144" in step_source
     assert "never the validation's trace" in step_source and "1.000, 1.000, 1.000" in step_source
-    assert (
-        "drafted 21 of 11700 forward tokens" in step_source
-        and "drafting took 0.0% of their CPU" in step_source
-    )
+    assert "drafted 21 of 11700 forward tokens" in step_source
+    assert "drafting took 0.0% of their CPU" in step_source
+    (draft_source,) = [s for s in fitted["sources"] if s.startswith("drafter cost per step")]
+    assert "draft_c2_p48, draft_c8_p48" in draft_source and "4.2 ms + 1.1 ms x N" in draft_source
     (sps_source,) = [s for s in fitted["sources"] if s.startswith("SPS(B)")]
     assert "sps-0123.json" in sps_source
-    kept = [s for s in fitted["sources"] if not s.startswith(("SPS(B)", "engine overhead per step"))]
-    assert kept == [s for s in plain["sources"] if not s.startswith(("SPS(B)", "engine overhead per step"))]
+    kept = [s for s in fitted["sources"] if not s.startswith(fitted_sources)]
+    assert kept == [s for s in plain["sources"] if not s.startswith(fitted_sources)]
+    assert len(kept) == len(fitted["sources"]) - 3

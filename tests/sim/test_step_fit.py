@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dspark.cost_table import CostTable
-from sim.step_fit import EngineRun, cpu_over_model, fit_step_terms, model_s
+from sim.step_fit import EngineRun, cpu_over_model, fit_draft_terms, fit_step_terms, model_s
 
 # Steps per second, falling with the tokens in a step (the table is isotonic: it would pool a rise).
 TABLE = CostTable([1, 4, 16, 64, 256], [700.0, 600.0, 400.0, 150.0, 45.0], 256, source="given")
@@ -54,7 +54,7 @@ def test_a_term_the_runs_would_make_negative_is_held_at_zero_and_the_others_refi
 
 def test_runs_at_one_prompt_shape_cannot_tell_requests_from_tokens_and_are_refused():
     same_shape = [(100, 200 * k, 100 * k) for k in (1, 2, 3, 4)]  # two tokens per decoding request
-    with pytest.raises(ValueError, match="vary requests and tokens"):
+    with pytest.raises(ValueError, match="vary requests and tokens per step"):
         fit_step_terms(runs_from(TERMS, same_shape), TABLE)
     with pytest.raises(ValueError, match="at least 3 runs"):
         fit_step_terms(runs_from(TERMS)[:2], TABLE)
@@ -73,3 +73,16 @@ def test_a_runs_drafting_is_taken_out_at_the_engines_cpu_share_of_its_steps_wall
     assert fit_step_terms(runs, TABLE) == pytest.approx(TERMS, rel=1e-9)
     older = EngineRun.from_counters({"steps": 10, "forward_tokens": 10, "rounds": 10, "engine_cpu_s": 1.0})
     assert older.draft_cpu_s == 0.0 and older.plain_cpu_s == 1.0
+
+
+def test_the_drafters_terms_are_fitted_to_runs_that_draft_every_round():
+    """Drafting 2.5 ms a step plus 0.8 ms a request, at 1, 2.5 and 4 requests per step."""
+    runs = [
+        EngineRun(steps, 0, steps * n, 1.0, draft_cpu_s=steps * (0.0025 + 0.0008 * n))
+        for steps, n in ((400, 1.0), (200, 2.5), (100, 4.0))
+    ]
+    assert fit_draft_terms(runs) == pytest.approx(
+        {"draft_s_per_step": 0.0025, "draft_s_per_request": 0.0008}, rel=1e-9
+    )
+    with pytest.raises(ValueError, match="vary requests per step"):
+        fit_draft_terms([EngineRun(100, 0, 200, 1.0, 0.5), EngineRun(50, 0, 100, 1.0, 0.25)])

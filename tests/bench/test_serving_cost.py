@@ -9,14 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.serving_cost import (
-    ENGINE_COUNTERS,
-    derive_profile,
-    engine_time,
-    parse_sweep,
-    split_engine,
-    sweep_label,
-)
+from bench.cost_profile import derive_profile
+from bench.serving_cost import ENGINE_COUNTERS, engine_time, parse_sweep, split_engine, sweep_label
 from sim.profiles import from_dict
 from sim.step_fit import EngineRun, model_s
 

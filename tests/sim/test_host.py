@@ -145,7 +145,7 @@ def test_the_cpu_profile_is_derived_from_the_committed_measurements():
     """The whole of cpu_measured.json is what bench/serving_cost.py --write-profile makes of the committed
     serving_cost.json and serve_proxy.json: the host block, request_path_s and, once serving_cost.json
     has an engine sweep, the SPS table and the step terms fitted to it (tests/bench/test_serving_cost.py)."""
-    from bench.serving_cost import derive_profile
+    from bench.cost_profile import derive_profile
 
     root = Path(__file__).resolve().parents[2]
     measured = json.loads((root / "bench" / "results" / "serving_cost.json").read_text())

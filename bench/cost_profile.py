@@ -1,0 +1,137 @@
+"""sim/profiles/cpu_measured.json's measured terms, derived from bench/serving_cost.py's measurement.
+
+The host block (sim/host.py) and request_path_s come from the serving runs and bench/serve.py's proxy run;
+with an engine sweep, the profile's SPS table (the one the served replicas used) and its step, request
+and token overheads are fitted to the sweep's runs, and with a draft sweep (the draft gate off) its
+drafter terms (sim/step_fit.py). Each fitted term's source entry is rewritten to name the runs it came
+from; a measurement without a sweep leaves those terms and their sources as they are. Pure but for
+write_profile, which reads the measurements and writes the profile.
+
+    python bench/serving_cost.py --write-profile [--out MEASUREMENT]
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sim import step_fit
+from sim.profiles import from_dict
+
+REPO = Path(__file__).resolve().parents[1]
+
+PATH_GROUPS = ("proxy", "ingress", "client", "ray_other")  # the serving path beside the replicas
+PROFILE = REPO / "sim" / "profiles" / "cpu_measured.json"
+
+
+def host_block(serving: dict, cores: int = 2, replicas: int = 2) -> dict:
+    """sim/host.py's HostCost fields from a `serving` measurement (negative noise taken as 0)."""
+    req, tok, idle = serving["cpu_s_per_request"], serving["cpu_s_per_token"], serving["idle_cores"]
+    return {
+        "cores": cores,
+        "replicas": replicas,
+        "idle_cores": round(sum(idle.values()), 4),
+        "cpu_s_per_request": round(sum(max(0.0, req[k]) for k in PATH_GROUPS), 5),
+        "cpu_s_per_token": round(sum(max(0.0, tok[k]) for k in PATH_GROUPS), 6),
+        "replica_cpu_s_per_request": round(max(0.0, req["replica_other"]), 5),
+        "replica_cpu_s_per_token": round(max(0.0, tok["replica_other"]), 6),
+        "path_processes": len(PATH_GROUPS),
+        "window_s": 1.0,
+    }
+
+
+# The validation's layout is the proxy path (bench/sim_validate.py); `make bench`'s serve.json measures the
+# direct-ingress path, so the proxy run is kept beside it
+# (bench/serve.py --out bench/results/serve_proxy.json).
+SERVE_PROXY = REPO / "bench" / "results" / "serve_proxy.json"
+
+
+def request_path_s(serve: dict, host: dict) -> float:
+    """TTFT over HTTP less offline at concurrency 1 (bench/serve.py), less the replica's per-request
+    serving CPU, which the host model already adds to the replica's next step."""
+    path = serve.get("config", {}).get("path", "proxy")
+    if path != "proxy":
+        raise ValueError(f"serve run measured the {path!r} path; the validation's layout is 'proxy'")
+    ttft = {(p["method"], p["concurrency"]): p["ttft_s"] for p in serve["points"]}
+    return round(ttft["http", 1] - ttft["offline", 1] - host["replica_cpu_s_per_request"], 4)
+
+
+STEP_SOURCE = "engine overhead per step, per request and per token:"
+DRAFT_SOURCE = "drafter cost per step:"
+SPS_SOURCE = "SPS(B):"
+
+
+def derive_profile(profile: dict, serving: dict, serve: dict, command: str) -> dict:
+    """cpu_measured.json (as a dict) with its host block and request_path_s derived from `serving` and
+    `serve`; when `serving` has an engine sweep, its SPS table and step terms fitted to the sweep, and when
+    it has a draft sweep, its drafter terms (a measurement without them leaves those, and their sources,
+    as they are)."""
+    out = {**profile, "host": host_block(serving)}
+    out["request_path_s"] = request_path_s(serve, out["host"])
+    sources = {}
+    if serving.get("engine_sweep") and serving.get("sps_table"):
+        sources.update(_fit_steps(out, serving, command))
+    if serving.get("draft_sweep"):
+        sources.update(_fit_drafter(out, serving, command))
+    out["sources"] = [
+        next((text for prefix, text in sources.items() if s.startswith(prefix)), s)
+        for s in profile["sources"]
+    ]
+    return out
+
+
+def _runs(serving: dict, labels: list[str]) -> list[step_fit.EngineRun]:
+    return [step_fit.EngineRun.from_counters(serving["engine_steps"][label]) for label in labels]
+
+
+def _fit_steps(out: dict, serving: dict, command: str) -> dict[str, str]:
+    """The SPS table and the step terms into `out`; their sources by prefix."""
+    sweep, table = serving["engine_sweep"], serving["sps_table"]
+    runs = _runs(serving, sweep)
+    out["sps"] = {"points": list(table["points"]), "rates": list(table["rates"])}
+    out["sps_fingerprint"] = table.get("fingerprint") or out.get("sps_fingerprint")
+    cost = from_dict(out).cost_table()
+    terms = {k: round(v, 9) for k, v in step_fit.fit_step_terms(runs, cost).items()}
+    out.update(terms)
+    ratios = ", ".join(f"{r:.3f}" for r in step_fit.cpu_over_model(runs, cost, terms))
+    drafted = sum(serving["engine_steps"][label]["drafted_tokens"] for label in sweep)
+    forward = sum(r.forward_tokens for r in runs)
+    draft_share = sum(r.draft_cpu_s for r in runs) / sum(r.cpu_s for r in runs)
+    return {
+        SPS_SOURCE: f"{SPS_SOURCE} the engine's own profiled cost table (dspark/cost_table.py) the served "
+        f"replicas used in serving_cost's engine sweep ({command}), cache file {Path(table['path']).name}, "
+        "fingerprint in `sps_fingerprint`; the smoothed (isotonic) rates",
+        STEP_SOURCE: f"{STEP_SOURCE} non-negative least-squares fit (sim/step_fit.py) of the served "
+        "engine thread's CPU per step, less its drafting, less 1/SPS(mean tokens per step) on (1, decoding "
+        f"requests per step, tokens per step) over serving_cost's engine sweep ({command}; runs "
+        f"{', '.join(sweep)}: concurrency x prompt tokens, two replicas at 1 torch thread, closed loop, its "
+        f"own held-out prompts, never the validation's trace); per-run CPU over the fitted model {ratios}; "
+        f"the engines drafted {int(drafted)} of {int(forward)} forward tokens there (their draft gate "
+        f"declines most rounds on this machine), and drafting took {draft_share:.1%} of their CPU (the "
+        "engine's drafting seconds at its CPU share of the steps' wall), taken out: the drafter terms "
+        "price drafting apart",
+    }
+
+
+def _fit_drafter(out: dict, serving: dict, command: str) -> dict[str, str]:
+    """The drafter terms into `out`; their source by prefix."""
+    sweep = serving["draft_sweep"]
+    draft = {k: round(v, 9) for k, v in step_fit.fit_draft_terms(_runs(serving, sweep)).items()}
+    out.update(draft)
+    return {
+        DRAFT_SOURCE: f"{DRAFT_SOURCE} non-negative least-squares fit (sim/step_fit.py) of the served "
+        "engine thread's drafting CPU per step (the engine's drafting seconds at its CPU share of the "
+        "steps' wall) on (1, decoding requests per step) over serving_cost's draft sweep, the same "
+        f"replicas redeployed with the draft gate off ({command}; runs {', '.join(sweep)}, never the "
+        f"validation's trace): {draft['draft_s_per_step'] * 1e3:.3g} ms + "
+        f"{draft['draft_s_per_request'] * 1e3:.3g} ms x N",
+    }
+
+
+def write_profile(measured: Path, serve: Path = SERVE_PROXY) -> dict:
+    data = json.loads(measured.read_text())
+    profile = derive_profile(
+        json.loads(PROFILE.read_text()), data["serving"], json.loads(serve.read_text()), data["command"]
+    )
+    PROFILE.write_text(json.dumps(profile, indent=1) + "\n")
+    return profile

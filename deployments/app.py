@@ -75,7 +75,7 @@ def build_app(args: dict | AppConfig) -> Application:
     replica_data = config.model_dump(exclude=ROUTING_FIELDS)
     replica = replica_class.options(
         **_replica_count(config.num_replicas, config.autoscaling_config),
-        max_ongoing_requests=config.replica_max_ongoing,
+        max_ongoing_requests=config.replica_max_calls,
         health_check_period_s=config.health_check_period_s,
         health_check_timeout_s=config.health_check_timeout_s,
         graceful_shutdown_timeout_s=config.graceful_shutdown_timeout_s,

@@ -139,6 +139,10 @@ class AppConfig(BaseModel):
     # stream_interval): fewer messages per token on every hop, more time between them. 1: every engine
     # step goes out as soon as it is produced (what piled up meanwhile still travels merged).
     stream_interval: int = Field(1, ge=1)
+    # One multiplexed stream per (ingress replica, target replica) pair carries every stream's events after
+    # the first, a step's worth in one message (deployments/stream_mux.py); applies with the SLA router
+    # and the builtin engine (`stream_mux_applies`), other setups keep one stream per request.
+    stream_mux: bool = True
     api_keys: list[str] = Field(default_factory=list, description="bearer tokens accepted; empty: open")
     # Tokens kept out of the config itself: a file with one per line (a mounted Kubernetes Secret),
     # read by the ingress at start and accepted besides `api_keys`.
@@ -287,6 +291,18 @@ class AppConfig(BaseModel):
     def replica_max_ongoing(self) -> int:
         """Requests one target replica runs at once (Serve's max_ongoing_requests for it)."""
         return self.max_ongoing_requests or max(e.max_num_seqs for e in self.engine_configs())
+
+    @property
+    def stream_mux_applies(self) -> bool:
+        """Whether streams travel multiplexed: only our router pins a subscription to its replica
+        (router/serve_router.py), and the SGLang replica streams per request."""
+        return self.stream_mux and self.router == "sla" and self.backend == "builtin"
+
+    @property
+    def replica_max_calls(self) -> int:
+        """Serve's max_ongoing_requests for a target replica: its requests, plus one subscription per
+        ingress replica when streams are multiplexed (those calls hold no engine capacity)."""
+        return self.replica_max_ongoing + (self.max_ingress_replicas if self.stream_mux_applies else 0)
 
     @property
     def ingress_running(self) -> int:

@@ -42,6 +42,8 @@ from deployments.config import AppConfig
 from deployments.errors import UnauthorizedError, classify, unwrap
 from deployments.events import StreamEvent, received
 from deployments.ingress_admission import IngressAdmission, Slot
+from deployments.mux_client import Subscriptions
+from deployments.stream_mux import unpack_first
 from deployments.telemetry import setup_process
 from deployments.validation import GenerationRequest, Limits
 from dspark.errors import InvalidRequestError
@@ -75,22 +77,34 @@ class Stream:
     span: RequestSpan | None = None
     route: dict | None = None  # the SLA router's decision (router/policy.py Decision.to_dict)
     slot: Slot | None = None  # its place at this ingress (deployments/ingress_admission.py)
+    # Multiplexed (deployments/mux_client.py): the events after the first arrive on this queue.
+    _muxed: asyncio.Queue | None = None
+    _mux: Subscriptions | None = None
+    _key: str = ""
 
     async def events(self) -> AsyncIterator[StreamEvent]:
         last = self.first
         try:
             yield self.first
             while not last.finished:
-                try:
-                    event = received(await self._source.__anext__())
-                except StopAsyncIteration:
-                    return
+                if self._muxed is not None:
+                    item = await self._muxed.get()
+                    if isinstance(item, BaseException):
+                        raise item
+                    event = StreamEvent.from_wire(item)
+                else:
+                    try:
+                        event = received(await self._source.__anext__())
+                    except StopAsyncIteration:
+                        return
                 last = event
                 yield event
         except Exception as exc:
             fail_span(self.span, exc)
             raise
         finally:
+            if self._mux is not None:
+                self._mux.unregister(self._key)
             if self.slot is not None:
                 self.slot.release()
             if not last.finished:
@@ -125,6 +139,7 @@ class Frontend:
         queued = None if config.max_queued_requests < 0 else config.max_queued_requests
         self.admission = IngressAdmission(config.ingress_running, queued)
         self.telemetry = setup_process("ingress")
+        self.mux = Subscriptions(replica) if config.stream_mux_applies else None
 
     async def model_info(self) -> dict:
         """The engine's own view (context length, drafter), fetched from a replica once."""
@@ -185,6 +200,11 @@ class Frontend:
         ids, pages = await loop.run_in_executor(self._tokenize_pool, self.routed_prompt, req, info)
         rid = req.request_id or uuid.uuid4().hex
         route = Newcomer(len(ids), params.max_tokens, sla, key=uuid.uuid4().hex[:12], prefix=pages)
+        mux, key, muxed = self.mux, "", None
+        extra = {}
+        if mux is not None:  # registered before the call: later events may overtake the first
+            key, muxed = mux.register()
+            extra["mux"] = (mux.channel, key)
         source = self.replica.options(stream=True).generate.remote(
             ids,
             params,
@@ -192,14 +212,27 @@ class Frontend:
             route=route,
             trace_context=span.carrier() if span is not None else None,
             operation=span.operation if span is not None else TEXT_COMPLETION,
+            **extra,
         )
         try:
-            first = received(await source.__anext__())
+            message = await source.__anext__()
+            if mux is not None:
+                replica_id, message = unpack_first(message)
+            first = received(message)
         except BaseException:
             source.cancel()
+            if mux is not None:
+                mux.unregister(key)
             collect_decision(rid, route, span)
             raise
-        return Stream(rid, len(ids), first, source, span, collect_decision(rid, route, span))
+        stream = Stream(rid, len(ids), first, source, span, collect_decision(rid, route, span))
+        if mux is not None:
+            if first.finished:
+                mux.unregister(key)
+            else:
+                mux.placed(key, replica_id)
+                stream._muxed, stream._mux, stream._key = muxed, mux, key
+        return stream
 
     async def abort(self, request_id: str) -> bool:
         """Stop every running request with this id, whichever ingress admitted it: each target replica

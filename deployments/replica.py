@@ -21,7 +21,7 @@ import torch
 from ray import serve
 from ray.serve.schema import ReplicaRank
 
-from deployments import replica_control, replica_engine, replica_state, running
+from deployments import replica_control, replica_engine, replica_state, running, stream_mux
 from deployments.config import AppConfig
 from deployments.errors import classify
 from deployments.events import StreamEvent, coalesce_interval
@@ -55,6 +55,7 @@ class TargetReplica:
         self.stats_timeout_s = CALL_TIMEOUT_S
         self._keepalive: asyncio.Task | None = None
         self._running = running.RunningRequests()
+        self._outboxes = stream_mux.Outboxes()  # by ingress channel: events waiting for its subscription
         built = replica_engine.build(self.config, self.config.engine_config(self._rank))
         self._telemetry = EngineTelemetry(
             self.telemetry, built.engine.engine, self.config.model_name, _replica_id()
@@ -113,6 +114,7 @@ class TargetReplica:
         route: Newcomer | None = None,
         trace_context: dict[str, str] | None = None,
         operation: str = TEXT_COMPLETION,
+        mux: tuple[str, str] | None = None,
     ) -> AsyncIterator[bytes]:
         """Stream one request, each event as its bytes (`StreamEvent.to_wire`; the ingress reads them
         with `events.received`); cancelling this call (client gone) or `abort(request_id)` aborts it and
@@ -127,6 +129,13 @@ class TargetReplica:
         message was in flight is sent as one merged event rather than one per step. With the app's
         `stream_interval` N > 1, a message after the first also waits until it carries N tokens (or
         the request ends).
+
+        `mux` (channel, key): the ingress reads this request's events after the first from its
+        subscription to this replica (`subscribe(channel)`, deployments/stream_mux.py), where they
+        travel with its other streams' events of the same step, under `key`. The first message then
+        carries this replica's id too (`stream_mux.pack_first`), and nothing follows it here: the call
+        stays open until the request ends, so cancelling it still aborts the request, and Serve's
+        routers still count the request as running here until then.
         """
         if self._rebuilding is not None:
             raise AdmissionError(self._rebuilding, retry_after_s=max(1.0, self._built.build_s))
@@ -151,6 +160,7 @@ class TargetReplica:
         held = None  # an error or an abort that arrived behind tokens: acted on after they are sent
         last = StreamEvent.before_any(engine_id, len(prompt_token_ids))
         ended = False  # the engine is done with the request (finished, failed or refused)
+        outbox = None  # where events after the first go (mux), once the first went out
         self._running.add(request_id, pending)
         try:
             try:
@@ -165,23 +175,48 @@ class TargetReplica:
                 event, held = await coalesce_interval(
                     first, pending, interval if last.completion_tokens else 1, event_of
                 )
-                if event is running.ABORTED:
-                    yield last.aborted().to_wire()
-                    return
                 if isinstance(event, Exception):  # the request failed, or the engine shut down
                     ended = True
                     trace.failed(event, server_fault=classify(event).http_status >= 500)
-                    raise event
-                yield event.to_wire()
+                    if outbox is None:
+                        raise event
+                    outbox.put(mux[1], stream_mux.pack_error(event), stream_mux.ERROR)
+                    return
+                aborted = event is running.ABORTED
+                if aborted:
+                    event = last.aborted()
+                wire = event.to_wire()
+                if outbox is not None:
+                    outbox.put(mux[1], wire, stream_mux.LAST if event.finished else stream_mux.EVENT)
+                elif mux is None:
+                    yield wire
+                else:  # the first event: the ingress learns where to subscribe
+                    outbox = self._outboxes[mux[0]]
+                    outbox.open(mux[1])
+                    yield stream_mux.pack_first(_replica_id(), wire)
                 last = event
                 if event.finished:
-                    ended = True
+                    ended = not aborted
                     return
         finally:
             self._running.discard(request_id, pending)
+            if outbox is not None:
+                outbox.close(mux[1])
+                self._outboxes.release(mux[0])
             if not ended:  # aborted, or the client left: the engine stops it and frees its KV pages
                 engine.abort(engine_id)
             trace.close()  # a request that left early ends its span here
+
+    async def subscribe(self, channel: str, pinned_replica: str) -> AsyncIterator[bytes]:
+        """The ingress `channel`'s subscription here: the events of its streams after their first,
+        a step's worth of them per message (deployments/stream_mux.py). It ends once none of its
+        streams runs here, so no call stays open on an idle replica. `pinned_replica` is the replica
+        the ingress asked for (the router pins the call to it, router/serve_router.py); a call that
+        reached another is refused rather than left waiting for events that never come."""
+        if pinned_replica != _replica_id():
+            raise stream_mux.MisroutedError(f"subscription for {pinned_replica} reached {_replica_id()}")
+        async for message in self._outboxes.subscribe(channel):
+            yield message
 
     async def abort(self, request_id: str) -> int:
         """End every request running here under this client id (Abort fans out to every replica).
@@ -234,10 +269,12 @@ class TargetReplica:
             raise TimeoutError(f"no engine stats within {self.stats_timeout_s:g}s") from None
 
     async def get_state(self) -> dict:
-        """Admin: the routing stats plus the engine's counters."""
+        """Admin: the routing stats plus the engine's counters and the multiplexed streams' (since
+        start: subscriptions served, messages sent, events they carried; ingress channels open)."""
         stats = await self.record_routing_stats()
         engine_stats = await self.engine.call_async(lambda e: e.stats.to_dict())
-        return {**stats, "engine": engine_stats, "model": self.model_info()}
+        mux = {**self._outboxes.counts, "channels": len(self._outboxes)}
+        return {**stats, "engine": engine_stats, "model": self.model_info(), "stream_mux": mux}
 
     async def set_draft_budget(self, budget: dict) -> dict:
         """Admin: change the draft budget while requests run; returns the budget in force."""

@@ -18,6 +18,10 @@ by default the one with the same internal request id, which all handle calls mad
 ingress request share (concurrent calls would then wait forever); FIFOMixin avoids that but gives the
 replica to the oldest pending request, whose own ranking may differ. The choice here depends on the
 request, so the FIFOMixin's matching hook is answered with the very request the ranking was made for.
+
+Pinned calls. A call with a `pinned_replica` keyword (an ingress' stream subscription,
+deployments/mux_client.py) goes to that replica and no other: the replica its requests were placed on
+by the policy above. A pinned replica that is gone fails the call (its streams end with that error).
 """
 
 from __future__ import annotations
@@ -32,6 +36,12 @@ from dspark.errors import AdmissionError
 from router.balancer import Balancer
 from router.policy import Newcomer, PolicyConfig
 from router.sla import SlaClass, classes_of
+
+PINNED = "pinned_replica"  # the keyword naming the one replica a call must reach
+
+
+class ReplicaGoneError(RuntimeError):
+    """A pinned call's replica is no longer among the deployment's replicas."""
 
 
 class SLARequestRouter(FIFOMixin, RequestRouter):
@@ -51,7 +61,11 @@ class SLARequestRouter(FIFOMixin, RequestRouter):
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
     ) -> list[list[RunningReplica]]:
-        route = pending_request.kwargs.get("route") if pending_request is not None else None
+        kwargs = pending_request.kwargs if pending_request is not None else {}
+        pinned = kwargs.get(PINNED)
+        if isinstance(pinned, str):
+            return self._pin(pinned, candidate_replicas, pending_request)
+        route = kwargs.get("route")
         if not isinstance(route, Newcomer):
             return [candidate_replicas]
         pending_request.routing_context.should_backoff = True
@@ -66,6 +80,17 @@ class SLARequestRouter(FIFOMixin, RequestRouter):
             return [candidate_replicas]  # Serve sees the request done and stops routing it
         self._ranked_for[id(pending_request.metadata)] = pending_request
         return [[by_id[rid]] for rid in decision.ranking]
+
+    def _pin(
+        self, replica_id: str, candidates: list[RunningReplica], pending_request: PendingRequest
+    ) -> list[list[RunningReplica]]:
+        for replica in candidates:
+            if replica.replica_id.unique_id == replica_id:
+                self._ranked_for[id(pending_request.metadata)] = pending_request
+                return [[replica]]
+        if not pending_request.future.done():
+            pending_request.future.set_exception(ReplicaGoneError(f"replica {replica_id} is gone"))
+        return [candidates]  # Serve sees the request done and stops routing it
 
     def _get_pending_request_matching_metadata(self, request_metadata: Any = None) -> PendingRequest | None:
         """FIFOMixin's matching hook: the request this ranking was made for, while it still waits."""

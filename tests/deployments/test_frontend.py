@@ -100,7 +100,8 @@ class FakeReplica:
 
 
 def frontend(qwen3_dir, n: int = 3, **config) -> Frontend:
-    return Frontend(FakeReplica(n), AppConfig(model=str(qwen3_dir), **config))
+    # The fake speaks the per-request protocol; the multiplexed one runs in test_stream_mux_serving.
+    return Frontend(FakeReplica(n), AppConfig(model=str(qwen3_dir), stream_mux=False, **config))
 
 
 def request(**body):
@@ -169,7 +170,7 @@ def test_a_reused_request_id_opens_a_second_stream(qwen3_dir):
     [([0, 1], True), ([2, 0], True), ([0, 0], False), ([RuntimeError("replica died"), 0], False)],
 )
 def test_abort_asks_every_target_replica(qwen3_dir, results, aborted):
-    fe = Frontend(FakeReplica(abort_results=results), AppConfig(model=str(qwen3_dir)))
+    fe = Frontend(FakeReplica(abort_results=results), AppConfig(model=str(qwen3_dir), stream_mux=False))
     assert asyncio.run(fe.abort("r")) is aborted
     assert fe.replica.broadcasts == [("abort", "r")]
 
@@ -229,7 +230,7 @@ def test_route_decision_is_an_event_of_the_request_span(qwen3_dir):
         ),
         excluded={"r3": "kv"},
     )
-    fe = Frontend(RoutingReplica(decision), AppConfig(model=str(qwen3_dir)))
+    fe = Frontend(RoutingReplica(decision), AppConfig(model=str(qwen3_dir), stream_mux=False))
 
     async def run() -> list:
         span = RequestSpan(provider.get_tracer("test"), TEXT_COMPLETION, fe.model_name)

@@ -1,0 +1,81 @@
+"""The ingress' end of the multiplexed streams (deployments/stream_mux.py): one subscription per target
+replica that runs any of this ingress' streams, opened when the first of them starts and ended by the
+replica when the last one ends.
+
+Why a subscription through the handle, pinned by our router (router/serve_router.py `pinned_replica`),
+rather than a call on the replica's actor: Serve's actor protocol (pickled request metadata, slot
+accounting) is internal, while a handle call is the public path and keeps Serve's bookkeeping whole; the
+router only has to honour the pin. The request itself is still placed by the routing policy: its own
+handle call carries the first event and this replica's id (`stream_mux.pack_first`), then stays open,
+sending nothing, until the request ends, so cancelling it still aborts the request and Serve still
+counts it as running there. Only the SLA router honours pins, so only it enables the mux
+(AppConfig.stream_mux_applies); Serve's routers keep one stream per request.
+
+Each subscription runs in a task of its own, outside any request's context: Serve would otherwise tag
+it with the internal id of the request that happened to open it, and its end would count as that
+request's completion for the router.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import uuid
+
+from deployments import stream_mux
+from deployments.errors import unwrap
+from router.serve_router import PINNED
+
+log = logging.getLogger(__name__)
+MISROUTED_RETRIES = 5  # a subscription Serve handed to another replica (a rare FIFO hand-over) is re-sent
+
+
+class Subscriptions:
+    """This ingress' muxed streams and its subscriptions by target replica id (asyncio, one loop)."""
+
+    def __init__(self, replica_handle) -> None:
+        self.channel = uuid.uuid4().hex  # this ingress replica, as the target replicas know it
+        self._handle = replica_handle.options(stream=True)
+        self.demux = stream_mux.Demux()
+        self._tasks: dict[str, asyncio.Task] = {}
+
+    def register(self) -> tuple[str, asyncio.Queue]:
+        """A new stream's key, and the queue its events after the first will arrive on."""
+        key = uuid.uuid4().hex
+        return key, self.demux.register(key)
+
+    def placed(self, key: str, replica_id: str) -> None:
+        """Stream `key` runs on `replica_id` (its first event said so): open the subscription there
+        unless one is open."""
+        self.demux.placed(key, replica_id)
+        if replica_id not in self._tasks and self.demux.running_on(replica_id):
+            self._tasks[replica_id] = asyncio.get_running_loop().create_task(
+                self._subscribe(replica_id), context=contextvars.Context()
+            )
+
+    def unregister(self, key: str) -> None:
+        self.demux.unregister(key)
+
+    async def _subscribe(self, replica_id: str) -> None:
+        misrouted = 0
+        try:
+            # The replica ends a subscription when none of our streams runs there; one placed there
+            # meanwhile (its first event already sent) needs the next.
+            while self.demux.running_on(replica_id):
+                source = self._handle.subscribe.remote(self.channel, **{PINNED: replica_id})
+                try:
+                    async for message in source:
+                        self.demux.deliver(message)
+                except Exception as exc:
+                    if isinstance(unwrap(exc), stream_mux.MisroutedError) and misrouted < MISROUTED_RETRIES:
+                        misrouted += 1
+                        continue
+                    raise
+        except Exception as exc:  # the replica died, or the subscription could not reach it
+            log.warning("subscription to replica %s broke: %r", replica_id, exc)
+            self.demux.fail(replica_id, exc)
+        finally:
+            # No await between the last check of `running_on` and here: a stream placed later
+            # starts a new task.
+            del self._tasks[replica_id]

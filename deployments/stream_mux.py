@@ -1,0 +1,196 @@
+"""One multiplexed stream per (ingress replica, target replica) pair: the bookkeeping on both ends.
+
+Every Ray message costs both processes a fixed amount of CPU (Serve's streaming-generator plumbing,
+Ray core's report and receive threads), whatever it carries. With one stream per request, an engine
+step that advances 8 requests sends 8 messages to the same ingress; here each request's events after
+the first travel on its ingress's *subscription* to the replica, and a step's events of all of them
+travel as one message. Nothing waits to be batched: the subscription sends whatever is queued each
+time it runs, and a step's streams all queue before it runs (one event-loop wake-up per step).
+
+The pieces, none of them touching Ray (deployments/replica.py and deployments/mux_client.py do):
+- `Outbox` (replica side, one per ingress channel): the streams registered to it, what they queued,
+  and the subscription draining it (`batches`), which ends once no stream is registered and nothing
+  is queued, so a replica with no requests has no call in flight (Serve's graceful shutdown waits
+  for in-flight calls).
+- `Outboxes`: a replica's outboxes by channel id.
+- `Demux` (ingress side, one per ingress replica): its streams, each with its queue, fed by
+  `deliver(message)` from any subscription, or failed together when a replica's breaks (`fail`).
+
+Wire format: a message is msgpack of a flat list [key, kind, payload, key, kind, payload, ...], the
+payload an event's own bytes (events.StreamEvent.to_wire; kind LAST for a stream's last one) or a
+pickled exception (kind ERROR: what ended a request after its first event).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from collections.abc import AsyncIterator
+
+import msgpack
+
+COUNTS = ("subscriptions", "messages", "events")
+EVENT, ERROR, LAST = 0, 1, 2  # an event, the error that ended a stream, a stream's last event
+
+
+class MisroutedError(RuntimeError):
+    """A subscription reached a replica other than the one it was pinned to (the ingress retries)."""
+
+
+def pack_error(exc: BaseException) -> bytes:
+    """An exception as bytes; one that cannot be pickled as a RuntimeError naming it."""
+    try:
+        return pickle.dumps(exc)
+    except Exception:
+        return pickle.dumps(RuntimeError(f"{type(exc).__name__}: {exc}"))
+
+
+def pack_first(replica_id: str, event: bytes) -> bytes:
+    """A muxed request's first message: its first event, and the replica to subscribe to."""
+    return msgpack.packb((replica_id, event))
+
+
+def unpack_first(message: bytes) -> tuple[str, bytes]:
+    replica_id, event = msgpack.unpackb(message)
+    return replica_id, event
+
+
+class Outbox:
+    """What one ingress' streams queued on this replica, until its subscription takes it."""
+
+    def __init__(self, counts: dict[str, int] | None = None) -> None:
+        self._counts = counts if counts is not None else dict.fromkeys(COUNTS, 0)
+        self._streams: set[str] = set()
+        self._queued: list = []  # flat [key, kind, payload, ...]
+        self._ready = asyncio.Event()
+        self._reader = 0  # the subscription now reading; a newer one takes over from an older
+
+    def open(self, key: str) -> None:
+        """Register a stream whose events will be queued here (before its first event goes out)."""
+        self._streams.add(key)
+
+    def put(self, key: str, payload: bytes, kind: int = EVENT) -> None:
+        self._queued += (key, kind, payload)
+        self._ready.set()
+
+    def close(self, key: str) -> None:
+        """The stream queues nothing more (its last event, if any, is queued)."""
+        self._streams.discard(key)
+        self._ready.set()  # a subscription with nothing left to wait for ends
+
+    @property
+    def idle(self) -> bool:
+        """Nothing registered, nothing queued, no subscription reading: the outbox can go."""
+        return not self._streams and not self._queued and not self._reader
+
+    async def batches(self) -> AsyncIterator[bytes]:
+        """The subscription: each wake-up's queued events as one message, until no stream is open
+        and nothing is queued (or a newer subscription takes over)."""
+        self._reader += 1
+        me = self._reader
+        self._ready.set()  # an older subscription still waiting wakes up and ends
+        try:
+            while me == self._reader:
+                if self._queued:
+                    queued, self._queued = self._queued, []
+                    self._counts["messages"] += 1
+                    self._counts["events"] += len(queued) // 3
+                    yield msgpack.packb(queued)
+                    continue
+                if not self._streams:
+                    return
+                self._ready.clear()
+                await self._ready.wait()
+        finally:
+            if me == self._reader:
+                self._reader = 0
+
+
+class Outboxes:
+    """A replica's outboxes by ingress channel id (asyncio, one event loop)."""
+
+    def __init__(self) -> None:
+        self._by_channel: dict[str, Outbox] = {}
+        # Since start: subscriptions served, the messages they sent and the events those carried.
+        self.counts = dict.fromkeys(COUNTS, 0)
+
+    def __getitem__(self, channel: str) -> Outbox:
+        box = self._by_channel.get(channel)
+        if box is None:
+            box = self._by_channel[channel] = Outbox(self.counts)
+        return box
+
+    def release(self, channel: str) -> None:
+        """Forget the channel's outbox once it is idle (a later stream makes a new one)."""
+        box = self._by_channel.get(channel)
+        if box is not None and box.idle:
+            del self._by_channel[channel]
+
+    def __len__(self) -> int:
+        return len(self._by_channel)
+
+    async def subscribe(self, channel: str) -> AsyncIterator[bytes]:
+        self.counts["subscriptions"] += 1
+        try:
+            async for message in self[channel].batches():
+                yield message
+        finally:
+            self.release(channel)
+
+
+class Demux:
+    """An ingress' muxed streams: key -> its queue of events (bytes) or the error that ended it.
+
+    A stream is registered before its request is sent: its later events travel on the subscription,
+    which may deliver them before the first event (on the request's own call) has arrived. Once the
+    first event names the replica (`placed`), the stream is among those a broken subscription to that
+    replica fails."""
+
+    def __init__(self) -> None:
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._on: dict[str, set[str]] = {}  # replica id -> keys of the streams placed there
+        self._replica_of: dict[str, str] = {}
+
+    def register(self, key: str) -> asyncio.Queue:
+        queue = self._queues[key] = asyncio.Queue()
+        return queue
+
+    def placed(self, key: str, replica_id: str) -> None:
+        if key in self._queues:
+            self._replica_of[key] = replica_id
+            self._on.setdefault(replica_id, set()).add(key)
+
+    def unregister(self, key: str) -> None:
+        self._queues.pop(key, None)
+        replica_id = self._replica_of.pop(key, None)
+        if replica_id is not None:
+            keys = self._on[replica_id]
+            keys.discard(key)
+            if not keys:
+                del self._on[replica_id]
+
+    def running_on(self, replica_id: str) -> int:
+        return len(self._on.get(replica_id, ()))
+
+    def __len__(self) -> int:
+        return len(self._queues)
+
+    def deliver(self, message: bytes) -> None:
+        """Hand each event of a subscription message to its stream's queue; a stream that left (its
+        client disconnected) is skipped."""
+        flat = msgpack.unpackb(message)
+        queues = self._queues
+        for i in range(0, len(flat), 3):
+            key, kind, payload = flat[i], flat[i + 1], flat[i + 2]
+            queue = queues.get(key)
+            if queue is None:
+                continue
+            queue.put_nowait(pickle.loads(payload) if kind == ERROR else payload)
+            if kind != EVENT:  # nothing follows: the stream no longer keeps a subscription open
+                self.unregister(key)
+
+    def fail(self, replica_id: str, exc: BaseException) -> None:
+        """The subscription to `replica_id` broke (the replica died): its streams get `exc`."""
+        for key in list(self._on.get(replica_id, ())):
+            self._queues[key].put_nowait(exc)
+            self.unregister(key)

@@ -1,0 +1,164 @@
+"""The multiplexed streams' bookkeeping without Ray (deployments/stream_mux.py): a replica's outboxes and
+their subscriptions, an ingress' demultiplexer, and the first message's framing."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+
+import msgpack
+
+from deployments.stream_mux import (
+    ERROR,
+    LAST,
+    Demux,
+    MisroutedError,
+    Outboxes,
+    pack_error,
+    pack_first,
+    unpack_first,
+)
+from dspark.errors import AdmissionError
+
+
+async def drain(subscription) -> list[bytes]:
+    return [message async for message in subscription]
+
+
+def flat(message: bytes) -> list:
+    return msgpack.unpackb(message)
+
+
+def test_a_wake_ups_events_of_every_stream_travel_as_one_message_in_order():
+    async def run():
+        boxes = Outboxes()
+        box = boxes["ingress-1"]
+        box.open("a")
+        box.open("b")
+        reader = asyncio.ensure_future(drain(boxes.subscribe("ingress-1")))
+        await asyncio.sleep(0)  # the subscription waits for events
+        box.put("a", b"a1")
+        box.put("b", b"b1")
+        box.put("a", b"a2")
+        await asyncio.sleep(0)  # one wake-up: all three go together
+        box.put("a", b"a3", LAST)
+        box.close("a")
+        box.put("b", b"b2", LAST)
+        box.close("b")
+        return await asyncio.wait_for(reader, 5), boxes
+
+    messages, boxes = asyncio.run(run())
+    assert [flat(m) for m in messages] == [
+        ["a", 0, b"a1", "b", 0, b"b1", "a", 0, b"a2"],
+        ["a", LAST, b"a3", "b", LAST, b"b2"],
+    ]
+    # The subscription ended once no stream was open and nothing was queued; the outbox is gone.
+    assert len(boxes) == 0
+    assert boxes.counts == {"subscriptions": 1, "messages": 2, "events": 5}
+
+
+def test_what_was_queued_before_a_subscription_or_between_two_is_delivered():
+    async def run():
+        boxes = Outboxes()
+        box = boxes["c"]
+        box.open("a")
+        box.put("a", b"a1")  # before any subscription
+        first = boxes.subscribe("c")
+        got = [await first.__anext__()]
+        box.put("a", b"a2", LAST)
+        box.close("a")
+        got += await drain(first)
+        assert len(boxes) == 0  # a later stream makes the outbox again; its events wait for the next one
+        box = boxes["c"]
+        box.open("b")
+        box.put("b", b"b1", LAST)
+        box.close("b")
+        got += await drain(boxes.subscribe("c"))
+        return got, boxes
+
+    got, boxes = asyncio.run(run())
+    assert [flat(m) for m in got] == [["a", 0, b"a1"], ["a", LAST, b"a2"], ["b", LAST, b"b1"]]
+    assert len(boxes) == 0
+
+
+def test_an_outbox_with_no_stream_left_is_kept_while_it_holds_events():
+    async def run():
+        boxes = Outboxes()
+        box = boxes["c"]
+        box.open("a")
+        box.put("a", b"last", LAST)
+        box.close("a")
+        boxes.release("c")  # the stream's end: its last event still waits for the subscription
+        kept = len(boxes)
+        return kept, await drain(boxes.subscribe("c")), len(boxes)
+
+    kept, got, after = asyncio.run(run())
+    assert kept == 1 and [flat(m) for m in got] == [["a", LAST, b"last"]] and after == 0
+
+
+def test_a_newer_subscription_takes_over_from_an_older_one_waiting():
+    async def run():
+        boxes = Outboxes()
+        boxes["c"].open("a")
+        old = asyncio.ensure_future(drain(boxes.subscribe("c")))
+        await asyncio.sleep(0)
+        new = boxes.subscribe("c")
+        pending = asyncio.ensure_future(new.__anext__())
+        await asyncio.sleep(0)
+        old_got = await asyncio.wait_for(old, 5)  # ended, without taking anything
+        boxes["c"].put("a", b"a1", LAST)
+        boxes["c"].close("a")
+        new_got = [await asyncio.wait_for(pending, 5)] + await drain(new)
+        return old_got, new_got
+
+    old_got, new_got = asyncio.run(run())
+    assert old_got == [] and [flat(m) for m in new_got] == [["a", LAST, b"a1"]]
+
+
+def test_demux_hands_events_to_their_streams_and_skips_streams_that_left():
+    async def run():
+        demux = Demux()
+        qa, qb = demux.register("a"), demux.register("b")
+        demux.register("gone")
+        demux.unregister("gone")
+        # b's later events overtake its first: they wait in its queue before it is placed.
+        demux.deliver(msgpack.packb(["b", 0, b"b2", "gone", 0, b"x", "a", 0, b"a2"]))
+        demux.placed("a", "r1")
+        demux.placed("b", "r1")
+        assert demux.running_on("r1") == 2
+        demux.deliver(msgpack.packb(["a", LAST, b"a3", "b", ERROR, pack_error(AdmissionError("full", 2.0))]))
+        return qa, qb, demux
+
+    qa, qb, demux = asyncio.run(run())
+    assert [qa.get_nowait(), qa.get_nowait()] == [b"a2", b"a3"]
+    assert qb.get_nowait() == b"b2"
+    error = qb.get_nowait()
+    assert isinstance(error, AdmissionError) and error.retry_after_s == 2.0 and str(error) == "full"
+    # Nothing follows a last event or an error: neither stream keeps the subscription open.
+    assert demux.running_on("r1") == 0 and len(demux) == 0
+
+
+def test_a_broken_subscription_fails_only_its_replicas_streams():
+    async def run():
+        demux = Demux()
+        queues = {key: demux.register(key) for key in ("a", "b", "c")}
+        demux.placed("a", "r1")
+        demux.placed("b", "r2")  # c is not placed yet: its own call reports its replica's fate
+        demux.fail("r1", ConnectionError("replica r1 died"))
+        return queues, demux
+
+    queues, demux = asyncio.run(run())
+    assert isinstance(queues["a"].get_nowait(), ConnectionError)
+    assert queues["b"].empty() and queues["c"].empty()
+    assert demux.running_on("r1") == 0 and demux.running_on("r2") == 1 and len(demux) == 2
+
+
+def test_errors_and_first_messages_travel_exactly():
+    class Local(Exception):  # a class pickle cannot find by name
+        pass
+
+    unpicklable = pickle.loads(pack_error(Local("boom")))
+    assert type(unpicklable) is RuntimeError and str(unpicklable) == "Local: boom"
+    misrouted = pickle.loads(pack_error(MisroutedError("to r2")))
+    assert type(misrouted) is MisroutedError and str(misrouted) == "to r2"
+    assert unpack_first(pack_first("r1", b"\x00event")) == ("r1", b"\x00event")

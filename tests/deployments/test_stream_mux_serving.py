@@ -1,0 +1,94 @@
+"""Multiplexed streams through real Ray Serve (deployments/stream_mux.py, deployments/mux_client.py): a
+real Frontend in this process, with a handle to an app of one target replica, so every stream lands
+on that replica and this process' SLA router pins the subscription. Concurrent streams travel on one
+subscription, greedy output stays identical to the offline engine, and a stream whose client leaves
+or that is aborted by id ends alone, on the replica too, while the others run on."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from ray import serve
+from serving import ENGINE, app_args, wait_until
+
+from deployments.app import build_app
+from deployments.config import AppConfig
+from deployments.frontend import Frontend
+from deployments.replicas import routing_stats
+from deployments.validation import Limits, completion_request
+from dspark import LLM, SamplingParams
+
+MUXED = "muxed"
+LONG = dict(max_tokens=480, temperature=1.0, ignore_eos=True)  # cannot finish within the test's patience
+GREEDY = dict(max_tokens=40, temperature=0.0, ignore_eos=True)
+PROMPT = "def wrap(text, width):"
+
+
+@pytest.fixture(scope="module")
+def muxed(serve_stack):
+    args = app_args(serve_stack.model_dir, num_replicas=1)
+    serve.run(build_app(args), name=MUXED, route_prefix="/muxed")
+    handle = serve.get_deployment_handle("TargetReplica", MUXED)
+    yield handle, AppConfig(**args)
+    serve.delete(MUXED)
+
+
+def replica_stats() -> dict:
+    (stats,) = asyncio.run(routing_stats(MUXED, "TargetReplica"))
+    return stats
+
+
+def idle() -> bool:
+    s = replica_stats()
+    return s["running_requests"] == 0 and s["kv_unreserved_pages"] == s["kv_total_pages"]
+
+
+def test_concurrent_streams_share_one_subscription_and_end_apart(muxed, serve_stack):
+    handle, config = muxed
+    assert config.stream_mux_applies
+    frontend = Frontend(handle, config)
+    limits = Limits()
+    expected = LLM(str(serve_stack.model_dir), **ENGINE).generate([PROMPT], SamplingParams(**GREEDY))[0]
+    before = handle.get_state.remote().result()
+    aborted_before = before["aborted_requests"]
+
+    async def run():
+        leaving = await frontend.open(completion_request({"prompt": "import os\n", **LONG}, limits))
+        aborted = await frontend.open(
+            completion_request({"prompt": "class A:", "request_id": "mux-abort", **LONG}, limits)
+        )
+        greedy = await frontend.open(completion_request({"prompt": PROMPT, **GREEDY}, limits))
+        # All three run on the one replica, behind one subscription of this ingress.
+        placed = {frontend.mux.demux._replica_of[s._key] for s in (leaving, aborted, greedy)}
+        subscribing = set(frontend.mux._tasks)
+
+        leaving_events = leaving.events()
+        taken = [await leaving_events.__anext__() for _ in range(2)]
+        await leaving_events.aclose()  # the client hangs up: the replica aborts that request alone
+
+        assert await frontend.abort("mux-abort") is True
+        aborted_last = [e async for e in aborted.events()][-1]
+
+        greedy_events = [e async for e in greedy.events()]
+        return placed, subscribing, taken, aborted_last, greedy_events
+
+    placed, subscribing, taken, aborted_last, greedy_events = asyncio.run(run())
+    assert len(placed) == 1 and subscribing == placed
+    assert len(taken) == 2 and not taken[-1].finished
+    assert aborted_last.finished and aborted_last.finish_reason == "abort"
+    token_ids = [t for e in greedy_events for t in e.token_ids]
+    assert token_ids == list(expected.token_ids)
+    assert "".join(e.text for e in greedy_events) == expected.text
+    assert greedy_events[-1].finish_reason == "length"
+
+    wait_until(idle, timeout_s=30, what="the abandoned and aborted requests to be freed")
+    assert replica_stats()["aborted_requests"] == aborted_before + 2
+    after = handle.get_state.remote().result()["stream_mux"]
+    # One subscription carried every stream's events after its first; it ended with the last stream.
+    assert after["subscriptions"] - before["stream_mux"]["subscriptions"] == 1
+    events = after["events"] - before["stream_mux"]["events"]
+    messages = after["messages"] - before["stream_mux"]["messages"]
+    assert events >= len(greedy_events)  # at least the greedy stream's after its first, and the abort
+    assert messages < events  # steps that advanced several streams sent them in one message
+    assert after["channels"] == 0

@@ -2,24 +2,27 @@
 real Frontend in this process, with a handle to an app of one target replica, so every stream lands
 on that replica and this process' SLA router pins the subscription. Concurrent streams travel on one
 subscription, greedy output stays identical to the offline engine, and a stream whose client leaves
-or that is aborted by id ends alone, on the replica too, while the others run on."""
+or that is aborted by id ends alone, on the replica too, while the others run on; a replica that dies
+ends its own streams with an error and no other."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
+import ray
 from ray import serve
 from serving import ENGINE, app_args, wait_until
 
 from deployments.app import build_app
 from deployments.config import AppConfig
+from deployments.errors import classify
 from deployments.frontend import Frontend
-from deployments.replicas import routing_stats
+from deployments.replicas import SERVE_NAMESPACE, replica_actor_names, routing_stats
 from deployments.validation import Limits, completion_request
 from dspark import LLM, SamplingParams
 
-MUXED = "muxed"
+MUXED, DYING = "muxed", "dying"
 LONG = dict(max_tokens=480, temperature=1.0, ignore_eos=True)  # cannot finish within the test's patience
 GREEDY = dict(max_tokens=40, temperature=0.0, ignore_eos=True)
 PROMPT = "def wrap(text, width):"
@@ -27,7 +30,7 @@ PROMPT = "def wrap(text, width):"
 
 @pytest.fixture(scope="module")
 def muxed(serve_stack):
-    args = app_args(serve_stack.model_dir, num_replicas=1)
+    args = app_args(serve_stack.model_dir, num_replicas=1, ingress_num_cpus=0)  # its ingress stays idle
     serve.run(build_app(args), name=MUXED, route_prefix="/muxed")
     handle = serve.get_deployment_handle("TargetReplica", MUXED)
     yield handle, AppConfig(**args)
@@ -92,3 +95,40 @@ def test_concurrent_streams_share_one_subscription_and_end_apart(muxed, serve_st
     assert events >= len(greedy_events)  # at least the greedy stream's after its first, and the abort
     assert messages < events  # steps that advanced several streams sent them in one message
     assert after["channels"] == 0
+
+
+def test_a_replica_dying_ends_its_streams_with_an_error_and_spares_the_others(serve_stack):
+    args = app_args(serve_stack.model_dir, num_replicas=2, ingress_num_cpus=0, routing_stats_period_s=0.1)
+    serve.run(build_app(args), name=DYING, route_prefix="/dying")
+    try:
+        wait_until(lambda: len(asyncio.run(routing_stats(DYING, "TargetReplica"))) == 2, what="two replicas")
+        frontend = Frontend(serve.get_deployment_handle("TargetReplica", DYING), AppConfig(**args))
+        params = dict(max_tokens=400, temperature=0.0, ignore_eos=True)  # outlives the kill below
+        expected = LLM(str(serve_stack.model_dir), **ENGINE).generate([PROMPT], SamplingParams(**params))[0]
+        request = completion_request({"prompt": PROMPT, **params}, Limits())
+
+        async def outcome(stream):
+            try:
+                return [t for e in [e async for e in stream.events()] for t in e.token_ids]
+            except Exception as exc:
+                return exc
+
+        async def run():
+            streams, placed = [], set()
+            while len(placed) < 2:  # the router spreads concurrent streams over both replicas
+                assert len(streams) < 8, "every stream went to one replica"
+                streams.append(await frontend.open(request))
+                placed.add(frontend.mux.demux._replica_of[streams[-1]._key])
+            on = [frontend.mux.demux._replica_of[s._key] for s in streams]
+            (name,) = [n for n in replica_actor_names(DYING, "TargetReplica") if n.endswith(f"#{on[0]}")]
+            ray.kill(ray.get_actor(name, namespace=SERVE_NAMESPACE))
+            return on, await asyncio.gather(*(outcome(s) for s in streams))
+
+        on, outcomes = asyncio.run(run())
+        for replica_id, got in zip(on, outcomes):
+            if replica_id == on[0]:  # ended with the replica's death, reported as the service's fault
+                assert isinstance(got, Exception) and classify(got).http_status == 503, repr(got)
+            else:
+                assert got == list(expected.token_ids)
+    finally:
+        serve.delete(DYING)

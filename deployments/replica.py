@@ -157,6 +157,9 @@ class TargetReplica:
             return event
 
         interval = self.config.stream_interval
+        # Muxed, each step's output goes from the engine's delivery straight to the outbox after the
+        # first event (stream_mux.Relay); with a stream interval the loop below gathers tokens instead.
+        relay = stream_mux.Relay(pending, event_of, running.ABORTED) if mux and interval == 1 else None
         held = None  # an error or an abort that arrived behind tokens: acted on after they are sent
         last = StreamEvent.before_any(engine_id, len(prompt_token_ids))
         ended = False  # the engine is done with the request (finished, failed or refused)
@@ -164,7 +167,7 @@ class TargetReplica:
         self._running.add(request_id, pending)
         try:
             try:
-                await engine.open(prompt_token_ids, params, engine_id, pending)
+                await engine.open(prompt_token_ids, params, engine_id, relay or pending)
             except Exception as exc:  # admission refusals, engine shut down: the caller's error
                 ended = True
                 trace.failed(exc, server_fault=classify(exc).http_status >= 500)
@@ -194,11 +197,21 @@ class TargetReplica:
                     outbox = self._outboxes[mux[0]]
                     outbox.open(mux[1])
                     yield stream_mux.pack_first(_replica_id(), wire)
+                    if relay is not None and not event.finished:
+                        relay.attach(outbox, mux[1], event, held)
+                        while (item := await pending.get()) is not stream_mux.END:
+                            relay.put_nowait(item)  # an abort's signal
+                        ended = not relay.was_aborted
+                        if relay.error is not None:
+                            trace.failed(relay.error, server_fault=classify(relay.error).http_status >= 500)
+                        return
                 last = event
                 if event.finished:
                     ended = not aborted
                     return
         finally:
+            if relay is not None:
+                relay.close()
             self._running.discard(request_id, pending)
             if outbox is not None:
                 outbox.close(mux[1])

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import msgpack
 
@@ -104,6 +104,70 @@ class Outbox:
         finally:
             if me == self._reader:
                 self._reader = 0
+
+
+END = object()  # put into a relayed request's queue once its stream has ended (Relay)
+
+
+class Relay:
+    """A muxed request's outputs taken from the engine straight to its ingress' outbox.
+
+    The engine is given the Relay as the request's queue (it only calls `put_nowait`, on the replica's
+    event loop, in the one callback that delivers a whole step). Until `attach`, outputs go into
+    `queue`, where the request's task reads its first event; after it, each output is made an event
+    (`convert`) and queued in the outbox at once, so no task wakes per stream per step: the
+    subscription wakes once and takes the step's events of every stream. The request's task waits
+    for END in `queue` (and forwards what else arrives there: an abort's signal, `aborted`)."""
+
+    def __init__(self, queue: asyncio.Queue, convert: Callable[[object], object], aborted: object) -> None:
+        self.queue = queue
+        self._convert = convert  # an engine output as a StreamEvent; errors and `aborted` pass as they are
+        self._aborted = aborted
+        self._outbox: Outbox | None = None
+        self._key = ""
+        self.last = None  # the last event sent (an abort ends the stream with its totals)
+        self.ended = False  # the last event, the error or the abort went out (or the task left)
+        self.was_aborted = False
+        self.error: BaseException | None = None
+
+    def put_nowait(self, item: object) -> None:
+        if self._outbox is None:
+            self.queue.put_nowait(item)
+        elif not self.ended:
+            self._forward(item)
+
+    def attach(self, outbox: Outbox, key: str, last, held: object | None = None) -> None:
+        """From now on the outputs go to `outbox` under `key`, `last` being the event sent before:
+        first `held` (an error or abort that arrived behind it), then what queued meanwhile."""
+        self._outbox, self._key, self.last = outbox, key, last
+        if held is not None:
+            self._forward(held)
+        while not self.ended and not self.queue.empty():
+            self._forward(self.queue.get_nowait())
+
+    def close(self) -> None:
+        """The request's task left: nothing more goes out."""
+        self.ended = True
+
+    def _forward(self, item: object) -> None:
+        if item is self._aborted:
+            self.was_aborted = True
+            self._end(self.last.aborted().to_wire(), LAST)
+        elif isinstance(item, BaseException):
+            self.error = item
+            self._end(pack_error(item), ERROR)
+        else:
+            event = self._convert(item)
+            self.last = event
+            if event.finished:
+                self._end(event.to_wire(), LAST)
+            else:
+                self._outbox.put(self._key, event.to_wire())
+
+    def _end(self, payload: bytes, kind: int) -> None:
+        self._outbox.put(self._key, payload, kind)
+        self.ended = True
+        self.queue.put_nowait(END)
 
 
 class Outboxes:

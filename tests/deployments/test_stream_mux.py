@@ -8,17 +8,22 @@ import pickle
 
 import msgpack
 
+from deployments.events import StreamEvent
+from deployments.running import ABORTED
 from deployments.stream_mux import (
+    END,
     ERROR,
     LAST,
     Demux,
     MisroutedError,
     Outboxes,
+    Relay,
     pack_error,
     pack_first,
     unpack_first,
 )
 from dspark.errors import AdmissionError
+from dspark.outputs import SpeculationStats
 
 
 async def drain(subscription) -> list[bytes]:
@@ -162,3 +167,81 @@ def test_errors_and_first_messages_travel_exactly():
     misrouted = pickle.loads(pack_error(MisroutedError("to r2")))
     assert type(misrouted) is MisroutedError and str(misrouted) == "to r2"
     assert unpack_first(pack_first("r1", b"\x00event")) == ("r1", b"\x00event")
+
+
+def event(i: int, finished: bool = False) -> StreamEvent:
+    reason = "length" if finished else None
+    return StreamEvent("r", f"t{i}", (i,), finished, reason, 3, i + 1, SpeculationStats(i, 0, 0, 1.0))
+
+
+def relayed(script) -> tuple[list, list, Relay]:
+    """Run `script(relay, outbox)` on a relay into one outbox; (what the outbox sent as [kind,
+    event or error], what stayed in the relay's queue, the relay)."""
+
+    async def run():
+        boxes = Outboxes()
+        box = boxes["c"]
+        box.open("k")
+        queue: asyncio.Queue = asyncio.Queue()
+        relay = Relay(queue, lambda item: item, ABORTED)
+        script(relay, box)
+        box.close("k")
+        sent = [m for message in await drain(boxes.subscribe("c")) for m in flat(message)]
+        left = [queue.get_nowait() for _ in range(queue.qsize())]
+        return sent, left, relay
+
+    sent, left, relay = asyncio.run(run())
+    items = []
+    for key, kind, payload in zip(sent[::3], sent[1::3], sent[2::3]):
+        assert key == "k"
+        items.append([kind, pickle.loads(payload) if kind == ERROR else StreamEvent.from_wire(payload)])
+    return items, left, relay
+
+
+def test_a_relay_queues_until_attached_then_sends_each_output_at_once_in_order():
+    def script(relay, box):
+        relay.put_nowait(event(0))  # the first event: the request's task reads it from the queue
+        first = relay.queue.get_nowait()
+        relay.put_nowait(event(1))  # arrived while the first was on its way
+        relay.attach(box, "k", first)
+        relay.put_nowait(event(2))
+        relay.put_nowait(event(3, finished=True))
+        relay.put_nowait(event(4))  # nothing follows the last event
+
+    items, left, relay = relayed(script)
+    assert items == [[0, event(1)], [0, event(2)], [LAST, event(3, finished=True)]]
+    assert left == [END] and relay.ended and not relay.was_aborted and relay.error is None
+
+
+def test_a_relay_ends_an_aborted_stream_with_the_totals_sent_so_far():
+    def script(relay, box):
+        relay.attach(box, "k", event(0))
+        relay.put_nowait(event(1))
+        relay.put_nowait(ABORTED)
+
+    items, left, relay = relayed(script)
+    assert items == [[0, event(1)], [LAST, event(1).aborted()]]
+    assert left == [END] and relay.was_aborted
+
+
+def test_a_relay_sends_an_error_held_behind_the_first_event_and_nothing_after():
+    def script(relay, box):
+        relay.put_nowait(event(1))  # behind the held error (the task took all before it): never sent
+        relay.attach(box, "k", event(0), held=AdmissionError("engine full", 3.0))
+        relay.put_nowait(event(2))
+
+    items, left, relay = relayed(script)
+    assert [kind for kind, _ in items] == [ERROR]
+    assert isinstance(items[0][1], AdmissionError) and items[0][1].retry_after_s == 3.0
+    assert relay.error is not None and left == [event(1), END]
+
+
+def test_a_relay_whose_task_left_sends_nothing_more():
+    def script(relay, box):
+        relay.attach(box, "k", event(0))
+        relay.put_nowait(event(1))
+        relay.close()
+        relay.put_nowait(event(2))
+
+    items, left, _ = relayed(script)
+    assert items == [[0, event(1)]] and left == []

@@ -14,6 +14,12 @@ Each request is a span (dspark/telemetry/spans.py): the surface starts it within
 `open` hands its context to the replica, and the stream ends it with the usage and the replica's
 speculation attributes of the last event.
 
+With `stream_mux` (the default under the SLA router), a request's own replica call carries only its
+first event, which names the replica; its later events arrive on this ingress' one subscription to
+that replica, shared by all its streams there (deployments/mux_client.py), and are handed to the
+Stream by a queue. The request's call stays open until the request ends, so a client that leaves
+still cancels it and the replica aborts the request.
+
 Each request carries its routing inputs to the SLA router (router/serve_router.py), which runs in this
 process: its prompt length, max_tokens and SLA class (router/sla.py), as the `route` keyword of the
 replica call. The router's decision for it (scores per replica, the pick or the refusal) is collected

@@ -263,6 +263,11 @@ def main(argv: list[str] | None = None) -> int:
         help="tokens per streamed message after the first (AppConfig.stream_interval; 1: every step)",
     )
     parser.add_argument(
+        "--no-stream-mux",
+        action="store_true",
+        help="one Ray stream per request instead of one per ingress->replica pair (AppConfig.stream_mux)",
+    )
+    parser.add_argument(
         "--direct-ingress",
         action="store_true",
         help="clients call the ingress replica's own HTTP/gRPC servers, no Serve proxy in the path",
@@ -297,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         model,
         engine_options,
         args.threads,
-        {"stream_interval": args.stream_interval},
+        {"stream_interval": args.stream_interval, "stream_mux": not args.no_stream_mux},
         direct_ingress=args.direct_ingress,
     )
     name = Path(model).name
@@ -369,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
             "num_ingress_replicas": 1,
             "path": "direct_ingress" if args.direct_ingress else "proxy",
             "stream_interval": args.stream_interval,
+            "stream_mux": not args.no_stream_mux,
             "serving_processes": {proc: len(p) for proc, p in pids.items()},
         },
         "points": points,

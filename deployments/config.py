@@ -140,8 +140,8 @@ class AppConfig(BaseModel):
     # step goes out as soon as it is produced (what piled up meanwhile still travels merged).
     stream_interval: int = Field(1, ge=1)
     # One multiplexed stream per (ingress replica, target replica) pair carries every stream's events after
-    # the first, a step's worth in one message (deployments/stream_mux.py); applies with the SLA router
-    # and the builtin engine (`stream_mux_applies`), other setups keep one stream per request.
+    # the first, a step's worth in one message (deployments/stream_mux.py); applies with the SLA router,
+    # the builtin engine and a fixed replica count (`stream_mux_applies`); otherwise one stream per request.
     stream_mux: bool = True
     api_keys: list[str] = Field(default_factory=list, description="bearer tokens accepted; empty: open")
     # Tokens kept out of the config itself: a file with one per line (a mounted Kubernetes Secret),
@@ -295,8 +295,15 @@ class AppConfig(BaseModel):
     @property
     def stream_mux_applies(self) -> bool:
         """Whether streams travel multiplexed: only our router pins a subscription to its replica
-        (router/serve_router.py), and the SGLang replica streams per request."""
-        return self.stream_mux and self.router == "sla" and self.backend == "builtin"
+        (router/serve_router.py), and the SGLang replica streams per request. Nor with Serve's autoscaler
+        on the target replicas: it counts a subscription as an ongoing request (one more per ingress on
+        every busy replica), which would keep replicas it should take away."""
+        return (
+            self.stream_mux
+            and self.router == "sla"
+            and self.backend == "builtin"
+            and self.autoscaling_config is None
+        )
 
     @property
     def replica_max_calls(self) -> int:

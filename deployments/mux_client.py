@@ -8,8 +8,9 @@ accounting) is internal, while a handle call is the public path and keeps Serve'
 router only has to honour the pin. The request itself is still placed by the routing policy: its own
 handle call carries the first event and this replica's id (`stream_mux.pack_first`), then stays open,
 sending nothing, until the request ends, so cancelling it still aborts the request and Serve still
-counts it as running there. Only the SLA router honours pins, so only it enables the mux
-(AppConfig.stream_mux_applies); Serve's routers keep one stream per request.
+counts it as running there. Only the SLA router honours pins, so only it enables the mux, and not
+under Serve's autoscaler, which would count subscriptions as load (AppConfig.stream_mux_applies);
+otherwise one stream per request.
 
 Each subscription runs in a task of its own, outside any request's context: Serve would otherwise tag
 it with the internal id of the request that happened to open it, and its end would count as that

@@ -152,5 +152,10 @@ def test_engine_options_by_rank_make_heterogeneous_replicas(qwen3_dir):
     assert (
         unmuxed._bound_deployment.init_args[0]._bound_deployment._deployment_config.max_ongoing_requests == 5
     )
+    # Streams are multiplexed only where a subscription can be pinned and is not mistaken for load.
+    assert AppConfig(model="m").stream_mux_applies
+    assert not AppConfig(model="m", router="pow2").stream_mux_applies
+    autoscaled = AppConfig(model="m", autoscaling_config={"min_replicas": 1, "max_replicas": 2})
+    assert not autoscaled.stream_mux_applies
     # The router's settings stay out of the replicas' arguments (changing them restarts no replica).
     assert "router" not in replica.init_args[0] and "sla_classes" not in replica.init_args[0]

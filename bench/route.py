@@ -120,6 +120,10 @@ def app_args(args: argparse.Namespace, setting: str, arm: str, targets: list[Sla
         "engine": {"max_num_seqs": args.max_num_seqs, "cost_table_profile": "coarse"},
         "engine_by_rank": by_rank,
         "router": arm,
+        # Every arm streams the same way (one Ray stream per request): the multiplexed streams apply only
+        # with the SLA router (they need its pins), so with them on the SLA arm's gain would include a
+        # cheaper serving path that Serve's routers cannot have, and be credited to routing.
+        "stream_mux": False,
         "sla_classes": {
             t.name: {
                 "ttft_ms": t.ttft_s * 1e3,

@@ -56,6 +56,7 @@ def request_path_s(serve: dict, host: dict) -> float:
     return round(ttft["http", 1] - ttft["offline", 1] - host["replica_cpu_s_per_request"], 4)
 
 
+PATH_SOURCE = "serving path latency:"
 STEP_SOURCE = "engine overhead per step, per request and per token:"
 DRAFT_SOURCE = "drafter cost per step:"
 SPS_SOURCE = "SPS(B):"
@@ -68,7 +69,7 @@ def derive_profile(profile: dict, serving: dict, serve: dict, command: str) -> d
     as they are)."""
     out = {**profile, "host": host_block(serving)}
     out["request_path_s"] = request_path_s(serve, out["host"])
-    sources = {}
+    sources = {PATH_SOURCE: _path_source(serve)}
     if serving.get("engine_sweep") and serving.get("sps_table"):
         sources.update(_fit_steps(out, serving, command))
     if serving.get("draft_sweep"):
@@ -78,6 +79,17 @@ def derive_profile(profile: dict, serving: dict, serve: dict, command: str) -> d
         for s in profile["sources"]
     ]
     return out
+
+
+def _path_source(serve: dict) -> str:
+    ttft = {(p["method"], p["concurrency"]): p["ttft_s"] for p in serve["points"]}
+    return (
+        f"{PATH_SOURCE} bench/results/serve_proxy.json ({serve.get('command', 'python bench/serve.py')}; "
+        f"one replica, concurrency 1): TTFT over OpenAI HTTP {ttft['http', 1] * 1e3:.1f} ms against "
+        f"{ttft['offline', 1] * 1e3:.1f} ms offline; request_path_s is that difference less the replica's "
+        "own per-request serving CPU (host.replica_cpu_s_per_request, which the host model adds to the "
+        "replica's next step)"
+    )
 
 
 def _runs(serving: dict, labels: list[str]) -> list[step_fit.EngineRun]:

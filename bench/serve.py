@@ -218,6 +218,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def noise_band(points: list[dict]) -> dict[str, float]:
+    """Per concurrency, the widest spread between repeats of identical work (max / min - 1 of tok/s/user
+    over one method's repeats, any method): an overhead closer to its target than this is not shown.
+    Empty with a single repeat."""
+    band: dict[str, float] = {}
+    for p in points:
+        each = p["tok_s_user_each"]
+        if len(each) < 2:  # one repeat measures no spread
+            continue
+        key = f"c{p['concurrency']}"
+        band[key] = round(max(band.get(key, 0.0), max(each) / min(each) - 1), 4)
+    return band
+
+
 def table(results: dict) -> str:
     lines = [
         "| concurrency | method | tok/s/user | aggregate tok/s | mean TTFT (s) | tok/s/user vs offline "
@@ -240,6 +254,10 @@ def table(results: dict) -> str:
             f"{point['tok_s_total']:.1f} | {point['ttft_s']:.3f} | {point['tok_s_user'] / base - 1:+.1%} "
             f"| {messages} | {cpu_cell} |"
         )
+    band = results["summary"].get("noise_band_by_concurrency")
+    if band:
+        spread = ", ".join(f"{c} {v:.1%}" for c, v in band.items())
+        lines += ["", f"Noise band (widest spread of one method's repeats, max / min - 1): {spread}."]
     return "\n".join(lines) + "\n"
 
 
@@ -347,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             "method": method,
             "concurrency": c,
             **{key: statistics.mean(run[key] for run in runs) for key in runs[0] if key != "requests"},
+            "tok_s_user_each": [run["tok_s_user"] for run in runs],
         }
         for (method, c), runs in sorted(collected.items(), key=lambda kv: (kv[0][1], METHODS.index(kv[0][0])))
     ]
@@ -378,7 +397,11 @@ def main(argv: list[str] | None = None) -> int:
             "serving_processes": {proc: len(p) for proc, p in pids.items()},
         },
         "points": points,
-        "summary": {"tok_s_user_overhead_vs_offline": overhead, "target": TARGETS},
+        "summary": {
+            "tok_s_user_overhead_vs_offline": overhead,
+            "target": TARGETS,
+            "noise_band_by_concurrency": noise_band(points),
+        },
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

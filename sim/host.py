@@ -12,9 +12,12 @@ The serving path's load is its measured CPU per request and per token (bench/ser
 host's recent rates (an exponentially decayed window of `window_s`), plus the stack's idle CPU (Ray,
 Serve's stats polling).
 
-The serving work inside a replica's own process (Serve's request handling and streaming each token out)
-shares that process's interpreter lock with the engine's thread, so it does not run beside the engine:
-it delays the engine's next step by its CPU time (SimReplica.serving_debt_s).
+The serving work inside a replica's own process (Serve's request handling, streaming each token out) is
+part of that load: its threads compete with the engine's for a core, they do not hold the engine up.
+bench/results/serving_cost.json measures it so: in every engine run the engine thread's step wall is its
+CPU plus its wait for a CPU (engine_run_delay_s, about 40% of the wall at about 1.93 busy cores) and
+nothing else (engine_blocked_s, off a CPU without waiting for one, i.e. the interpreter lock, is within
++-0.07 s of 0 out of 5-14 s), while those threads used 0.3-1.2 s of CPU.
 
 The stretch is fixed when a step starts (a fluid approximation: a step that starts alone keeps its speed
 when another starts during it). GPU profiles have no host block: there the step runs on the accelerator
@@ -37,8 +40,8 @@ class HostCost:
     cpu_s_per_request: float = 0.0  # proxy, ingress, client and Ray per request, beside the engines
     cpu_s_per_token: float = 0.0  # the same per generated token (one stream message each)
     replica_cpu_s_per_request: float = 0.0  # in the replica's process, outside the engine's thread
-    replica_cpu_s_per_token: float = 0.0
-    path_processes: int = 1  # processes the serving path's load is spread over
+    replica_cpu_s_per_token: float = 0.0  # (part of the serving path's load, beside the above)
+    path_processes: int = 1  # processes (or groups of threads) the serving path's load is spread over
     window_s: float = 1.0  # how far back the serving path's load is averaged
 
     @classmethod
@@ -65,7 +68,9 @@ class Host:
     def serve(self, now: float, requests: int = 0, tokens: int = 0) -> None:
         """The serving path handled `requests` new requests and streamed `tokens` tokens at `now`."""
         c = self.cost
-        self._work = self._decayed(now) + requests * c.cpu_s_per_request + tokens * c.cpu_s_per_token
+        per_request = c.cpu_s_per_request + c.replica_cpu_s_per_request
+        per_token = c.cpu_s_per_token + c.replica_cpu_s_per_token
+        self._work = self._decayed(now) + requests * per_request + tokens * per_token
         self._at = max(self._at, now)
 
     def load(self, now: float) -> float:

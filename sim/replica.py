@@ -91,12 +91,6 @@ class SimReplica:
     ) -> None:
         self.replica_id, self.profile, self.scheduler = replica_id, profile, scheduler
         self.slow = slow
-        # Serving work in this replica's process not yet paid by the engine (sim/host.py): it holds the
-        # interpreter lock, so it delays the next step. Zero without a host block.
-        self.serving_debt_s = 0.0
-        host = profile.host
-        self._request_cost = host.replica_cpu_s_per_request if host else 0.0
-        self._token_cost = host.replica_cpu_s_per_token if host else 0.0
         self.pages = PageManager(profile.kv_pages, profile.page_size)
         self.table = profile.cost_table()
         self.policy = make_policy(scheduler)
@@ -130,7 +124,6 @@ class SimReplica:
             return str(exc)
         self.seqs[req.rid] = SimSeq(req, key)
         self.counters.prompt_tokens += req.prompt_tokens
-        self.serving_debt_s += self._request_cost
         req.replica = self.replica_id
         return None
 
@@ -171,7 +164,6 @@ class SimReplica:
             chunks.append((s, n))
             left -= n
         if not decoding and not chunks:
-            self.serving_debt_s = 0.0  # an idle engine leaves the lock to the serving work
             return None
         tokens = budget - left
         for s, n in zip(decoding, lengths):
@@ -183,8 +175,6 @@ class SimReplica:
         drafters = sum(1 for c in caps if c > 0)
         forward = self.slow / self.table(tokens)
         seconds = self.slow * self.profile.step_seconds(tokens, len(decoding), drafters, self.table)
-        seconds += self.serving_debt_s
-        self.serving_debt_s = 0.0
         draft = self.slow * (self.profile.draft_s_per_step + drafters * self.profile.draft_s_per_request)
         return Plan(decoding, lengths, chunks, tokens, drafting, draft if drafters else 0.0, forward, seconds)
 
@@ -261,7 +251,6 @@ class SimReplica:
                 first.append(s.req)
                 if s.req.max_tokens <= 1:
                     done.append(self._finish(s, now))
-        self.serving_debt_s += self._token_cost * (rounds + accepted_total + len(first))
         if self.gate is not None and plan.decoding:
             self.gate.record(
                 plan.drafting,

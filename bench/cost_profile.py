@@ -59,7 +59,7 @@ def request_path_s(serve: dict) -> float:
 
 
 PATH_SOURCE = "serving path latency:"
-STEP_SOURCE = "engine overhead per step, per request and per token:"
+STEP_SOURCE = "engine overhead per step, per request and per token:"  # and forward_scale
 DRAFT_SOURCE = "drafter cost per step:"
 SPS_SOURCE = "SPS(B):"
 
@@ -116,8 +116,10 @@ def _fit_steps(out: dict, serving: dict, command: str) -> dict[str, str]:
         f"replicas used in serving_cost's engine sweep ({command}), cache file {Path(table['path']).name}, "
         "fingerprint in `sps_fingerprint`; the smoothed (isotonic) rates",
         STEP_SOURCE: f"{STEP_SOURCE} non-negative least-squares fit (sim/step_fit.py) of the served "
-        "engine thread's CPU per step, less its drafting, less 1/SPS(mean tokens per step) on (1, decoding "
-        f"requests per step, tokens per step) over serving_cost's engine sweep ({command}; runs "
+        "engine thread's CPU per step, less its drafting, on (1/SPS(mean tokens per step), 1, decoding "
+        "requests per step, tokens per step), the first term's coefficient being forward_scale (the served "
+        "forward's CPU over the table's wall time, which was timed as the replicas started) over "
+        f"serving_cost's engine sweep ({command}; runs "
         f"{', '.join(sweep)}: concurrency x prompt tokens, two replicas at 1 torch thread, closed loop, its "
         f"own held-out prompts, never the validation's trace); per-run CPU over the fitted model {ratios}; "
         f"the engines drafted {int(drafted)} of {int(forward)} forward tokens there (their draft gate "

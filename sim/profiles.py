@@ -3,7 +3,7 @@
 A profile is a data file under sim/profiles/ citing its sources and stating its assumptions. A step of B
 tokens over N decoding requests, n of them drafting, takes
 
-    1 / SPS(B) + step_overhead + N request_overhead + B token_overhead
+    forward_scale / SPS(B) + step_overhead + N request_overhead + B token_overhead
       + (draft_s_per_step + n draft_s_per_request, when anything is drafted)
 
 seconds, times the replica's slow-down factor; a request reaches its replica `request_path_s` after it
@@ -38,6 +38,9 @@ class Profile:
     page_size: int
     gamma: int
     acceptance: Mapping[str, tuple[float, ...]]
+    # The served engine's forward over the table's (sim/step_fit.py): the table still decides (verify
+    # lengths, the draft gate), as the engine's own does, while the step is timed at this share of it.
+    forward_scale: float = 1.0
     step_overhead_s: float = 0.0
     request_overhead_s: float = 0.0
     token_overhead_s: float = 0.0
@@ -65,7 +68,7 @@ class Profile:
         return self.cache["table"]
 
     def step_seconds(self, tokens: int, requests: int, drafting: int, table: CostTable) -> float:
-        seconds = 1.0 / table(tokens) + self.step_overhead_s
+        seconds = self.forward_scale / table(tokens) + self.step_overhead_s
         seconds += requests * self.request_overhead_s + tokens * self.token_overhead_s
         if drafting:
             seconds += self.draft_s_per_step + drafting * self.draft_s_per_request
@@ -111,6 +114,7 @@ def from_dict(data: dict) -> Profile:
         page_size=int(data["page_size"]),
         gamma=int(data["gamma"]),
         acceptance={k: tuple(float(c) for c in v) for k, v in data["acceptance"].items()},
+        forward_scale=float(data.get("forward_scale", 1.0)),
         step_overhead_s=float(data.get("step_overhead_s", 0.0)),
         request_overhead_s=float(data.get("request_overhead_s", 0.0)),
         token_overhead_s=float(data.get("token_overhead_s", 0.0)),

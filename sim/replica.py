@@ -173,7 +173,7 @@ class SimReplica:
         used = self.pages.num_pages - self.pages.num_free_pages
         self.counters.max_pages_used = max(self.counters.max_pages_used, used)
         drafters = sum(1 for c in caps if c > 0)
-        forward = self.slow / self.table(tokens)
+        forward = self.slow * self.profile.forward_scale / self.table(tokens)
         seconds = self.slow * self.profile.step_seconds(tokens, len(decoding), drafters, self.table)
         draft = self.slow * (self.profile.draft_s_per_step + drafters * self.profile.draft_s_per_request)
         return Plan(decoding, lengths, chunks, tokens, drafting, draft if drafters else 0.0, forward, seconds)

@@ -2,16 +2,19 @@
 
 sim/profiles.py times a plain step of B tokens over N decoding requests as
 
-    1 / SPS(B) + step_overhead + N request_overhead + B token_overhead
+    forward_scale / SPS(B) + step_overhead + N request_overhead + B token_overhead
 
-The SPS table is the engine's own profile of its forward; the three overheads are the engine's work around
-the forward (scheduling, sampling, bookkeeping, streaming each token out of the engine). They are fitted
+The SPS table is the engine's own profile of its forward, timed in wall time when the replica starts;
+forward_scale is the served engine's CPU for that forward over the table's time (below 1 where the table
+was timed while other work, such as the other replica starting, shared the cores); the three overheads
+are the engine's work around the forward (scheduling, sampling, bookkeeping, streaming each token out of
+the engine). They are fitted
 here to runs of the engine as it is served: per run, its steps, the tokens through its forward and the
 decoding requests over those steps (the engine's own counters, summed over the run), and the engine
 thread's CPU time less its drafting (the engine's own drafting seconds at the share of its steps' wall
 time it spent on a CPU: the profile's drafter terms price drafting apart). Each run is one point at its
-mean tokens and requests per step; the overheads are the non-negative least-squares fit of (plain CPU per
-step - 1 / SPS(mean tokens)) on (1, requests, tokens) over the points. A fit needs points that vary both
+mean tokens and requests per step; the terms are the non-negative least-squares fit of plain CPU per step
+on (1 / SPS(mean tokens), 1, requests, tokens) over the points. A fit needs points that vary both
 (several concurrencies, and a run with longer prompts: at one prompt shape tokens per step move with
 requests per step and the two terms cannot be told apart).
 
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-TERMS = ("step_overhead_s", "request_overhead_s", "token_overhead_s")
+TERMS = ("forward_scale", "step_overhead_s", "request_overhead_s", "token_overhead_s")
 DRAFT_TERMS = ("draft_s_per_step", "draft_s_per_request")
 
 
@@ -74,7 +77,7 @@ def forward_s(run: EngineRun, table: Table) -> float:
 def model_s(run: EngineRun, table: Table, terms: dict[str, float]) -> float:
     """The step model's CPU per step for the run's mean step."""
     return (
-        forward_s(run, table)
+        terms.get("forward_scale", 1.0) * forward_s(run, table)
         + terms["step_overhead_s"]
         + run.requests_per_step * terms["request_overhead_s"]
         + run.tokens_per_step * terms["token_overhead_s"]
@@ -82,9 +85,9 @@ def model_s(run: EngineRun, table: Table, terms: dict[str, float]) -> float:
 
 
 def fit_step_terms(runs: Sequence[EngineRun], table: Table) -> dict[str, float]:
-    """The non-negative least-squares overheads over `runs` (see the module docstring)."""
-    x = [[1.0, r.requests_per_step, r.tokens_per_step] for r in runs]
-    y = [r.plain_cpu_s / r.steps - forward_s(r, table) for r in runs]
+    """The non-negative least-squares terms over `runs` (see the module docstring)."""
+    x = [[forward_s(r, table), 1.0, r.requests_per_step, r.tokens_per_step] for r in runs]
+    y = [r.plain_cpu_s / r.steps for r in runs]
     return dict(zip(TERMS, nonnegative_least_squares(x, y, "requests and tokens")))
 
 

@@ -65,13 +65,19 @@ def test_write_profile_fits_the_step_and_drafter_terms_to_the_sweeps_over_the_re
         "rates": [120.0, 100.0, 40.0, 4.0],
         "fingerprint": {"hardware": {"threads": 1}},
     }
-    terms = {"step_overhead_s": 0.0031, "request_overhead_s": 0.00072, "token_overhead_s": 0.000013}
+    terms = {
+        "forward_scale": 0.9,
+        "step_overhead_s": 0.0031,
+        "request_overhead_s": 0.00072,
+        "token_overhead_s": 0.000013,
+    }
     drafter = {"draft_s_per_step": 0.0042, "draft_s_per_request": 0.0011}
     cost = from_dict({**profile, "sps": {"points": table["points"], "rates": table["rates"]}}).cost_table()
     steps = {}
     for (c, p), (n, tokens, rounds) in {
         (2, 48): (900, 2700, 900),
         (8, 48): (500, 3000, 2000),
+        (12, 48): (400, 4400, 2400),
         (8, 144): (500, 6000, 1500),
     }.items():
         cpu = n * model_s(EngineRun(n, tokens, rounds, 0.0), cost, terms)
@@ -100,9 +106,9 @@ def test_write_profile_fits_the_step_and_drafter_terms_to_the_sweeps_over_the_re
     assert changed == {"sps", "sps_fingerprint", "sources", *terms, *drafter}
     fitted_sources = ("SPS(B)", "engine overhead per step", "drafter cost per step")
     (step_source,) = [s for s in fitted["sources"] if s.startswith("engine overhead per step")]
-    assert "engine_c2_p48, engine_c8_p48, engine_c8_p144" in step_source
-    assert "never the validation's trace" in step_source and "1.000, 1.000, 1.000" in step_source
-    assert "drafted 21 of 11700 forward tokens" in step_source
+    assert "engine_c2_p48, engine_c8_p48, engine_c12_p48, engine_c8_p144" in step_source
+    assert "never the validation's trace" in step_source and "1.000, 1.000, 1.000, 1.000" in step_source
+    assert "drafted 28 of 16100 forward tokens" in step_source
     assert "drafting took 0.0% of their CPU" in step_source
     (draft_source,) = [s for s in fitted["sources"] if s.startswith("drafter cost per step")]
     assert "draft_c2_p48, draft_c8_p48" in draft_source and "4.2 ms + 1.1 ms x N" in draft_source

@@ -10,7 +10,12 @@ from sim.step_fit import EngineRun, cpu_over_model, fit_draft_terms, fit_step_te
 
 # Steps per second, falling with the tokens in a step (the table is isotonic: it would pool a rise).
 TABLE = CostTable([1, 4, 16, 64, 256], [700.0, 600.0, 400.0, 150.0, 45.0], 256, source="given")
-TERMS = {"step_overhead_s": 0.0021, "request_overhead_s": 0.00065, "token_overhead_s": 0.00004}
+TERMS = {
+    "forward_scale": 0.85,
+    "step_overhead_s": 0.0021,
+    "request_overhead_s": 0.00065,
+    "token_overhead_s": 0.00004,
+}
 # (steps, forward tokens, decoding requests summed over steps): mean tokens per step are whole numbers
 # (the model takes the table at whole tokens), and tokens and requests per step vary apart.
 SHAPES = [(400, 800, 400), (300, 1200, 600), (250, 2000, 1000), (200, 2400, 1200), (200, 4800, 800)]
@@ -33,7 +38,7 @@ def test_runs_made_by_known_terms_give_those_terms_back():
 def test_a_run_is_one_point_at_its_mean_step():
     run = EngineRun(steps=100, forward_tokens=400, rounds=250, cpu_s=1.0)
     assert (run.tokens_per_step, run.requests_per_step) == (4.0, 2.5)
-    assert model_s(run, TABLE, TERMS) == pytest.approx(1 / 600 + 0.0021 + 2.5 * 0.00065 + 4 * 0.00004)
+    assert model_s(run, TABLE, TERMS) == pytest.approx(0.85 / 600 + 0.0021 + 2.5 * 0.00065 + 4 * 0.00004)
 
 
 def test_a_term_the_runs_would_make_negative_is_held_at_zero_and_the_others_refitted():
@@ -56,8 +61,8 @@ def test_runs_at_one_prompt_shape_cannot_tell_requests_from_tokens_and_are_refus
     same_shape = [(100, 200 * k, 100 * k) for k in (1, 2, 3, 4)]  # two tokens per decoding request
     with pytest.raises(ValueError, match="vary requests and tokens per step"):
         fit_step_terms(runs_from(TERMS, same_shape), TABLE)
-    with pytest.raises(ValueError, match="at least 3 runs"):
-        fit_step_terms(runs_from(TERMS)[:2], TABLE)
+    with pytest.raises(ValueError, match="at least 4 runs"):
+        fit_step_terms(runs_from(TERMS)[:3], TABLE)
 
 
 def test_a_runs_drafting_is_taken_out_at_the_engines_cpu_share_of_its_steps_wall():

@@ -257,7 +257,10 @@ class SimReplica:
                 len(plan.decoding),
                 accepted_total,
                 sum(plan.lengths),
-                plan.draft_seconds,
+                # The engine's gate weighs its measured drafting time against its table, which heals
+                # toward its measured forwards (CostTable.observe), so both are on one clock; this
+                # table times the forward at 1 / forward_scale of the modelled one, and so the drafting.
+                plan.draft_seconds / self.profile.forward_scale,
                 self.table,
             )
         return first, done

@@ -1,12 +1,15 @@
 """sim/step_fit.py: the step terms fitted to engine runs recover known terms exactly, stay non-negative,
-and refuse runs that cannot tell the terms apart."""
+and refuse runs that cannot tell the terms apart; the fitted forward_scale times the simulated step."""
 
 from __future__ import annotations
 
 import pytest
 
 from dspark.cost_table import CostTable
+from sim.replica import SimReplica
 from sim.step_fit import EngineRun, cpu_over_model, fit_draft_terms, fit_step_terms, model_s
+from sim.workload import Request
+from tests.sim.test_simulator import small_profile
 
 # Steps per second, falling with the tokens in a step (the table is isotonic: it would pool a rise).
 TABLE = CostTable([1, 4, 16, 64, 256], [700.0, 600.0, 400.0, 150.0, 45.0], 256, source="given")
@@ -91,3 +94,25 @@ def test_the_drafters_terms_are_fitted_to_runs_that_draft_every_round():
     )
     with pytest.raises(ValueError, match="vary requests per step"):
         fit_draft_terms([EngineRun(100, 0, 200, 1.0, 0.5), EngineRun(50, 0, 100, 1.0, 0.25)])
+
+
+def test_forward_scale_times_the_step_and_the_gate_weighs_drafting_on_the_tables_clock():
+    """The step's forward runs at forward_scale of the table's time; the draft gate sees the drafting in
+    the table's units (the engine's gate compares its drafting with a table healed to its own forwards),
+    so the same profile at another forward_scale decides the same and only runs faster."""
+
+    def first_step(scale: float):
+        replica = SimReplica("r", small_profile(forward_scale=scale, draft_s_per_request=0.001))
+        for rid in range(3):
+            req = Request(rid, 0.0, 16, 40, "standard", "easy")
+            assert replica.admit(req) is None
+        replica.complete(replica.plan(), 0.0)  # the prompts
+        plan = replica.plan()
+        replica.complete(plan, 0.0)
+        return plan, replica.gate.draft_s
+
+    (full, full_draft), (half, half_draft) = first_step(1.0), first_step(0.5)
+    assert (half.lengths, half.tokens) == (full.lengths, full.tokens) and full.drafting
+    assert half.forward_seconds == pytest.approx(full.forward_seconds / 2, rel=1e-12)
+    assert half.seconds == pytest.approx(full.seconds - full.forward_seconds / 2, rel=1e-12)
+    assert half_draft == pytest.approx(2 * full_draft, rel=1e-12) and full_draft > 0

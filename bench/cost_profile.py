@@ -144,10 +144,24 @@ def _fit_drafter(out: dict, serving: dict, command: str) -> dict[str, str]:
     }
 
 
-def write_profile(measured: Path, serve: Path = SERVE_PROXY) -> dict:
+ACCEPT = REPO / "bench" / "results" / "accept.json"
+ACCEPT_ROWS = {"drafter": "dspark", "temperature": 1.0, "block_size": 7}  # the validation samples at T=1
+
+
+def acceptance_rows(accept: dict) -> dict[str, list[float]]:
+    """The profile's per-position conditional acceptance by domain: bench/accept.py's DSpark rows at
+    temperature 1, block 7 (the source the profile names)."""
+    return {
+        row["domain"]: [round(a, 4) for a in row["accept_by_position"]]
+        for row in accept["rows"]
+        if all(row[k] == v for k, v in ACCEPT_ROWS.items())
+    }
+
+
+def write_profile(measured: Path, serve: Path = SERVE_PROXY, accept: Path = ACCEPT) -> dict:
     data = json.loads(measured.read_text())
-    profile = derive_profile(
-        json.loads(PROFILE.read_text()), data["serving"], json.loads(serve.read_text()), data["command"]
-    )
+    current = json.loads(PROFILE.read_text())
+    current["acceptance"] = acceptance_rows(json.loads(accept.read_text()))
+    profile = derive_profile(current, data["serving"], json.loads(serve.read_text()), data["command"])
     PROFILE.write_text(json.dumps(profile, indent=1) + "\n")
     return profile

@@ -146,8 +146,9 @@ def test_a_profile_with_a_host_keeps_its_host_when_scaled():
 
 def test_the_cpu_profile_is_derived_from_the_committed_measurements():
     """The whole of cpu_measured.json is what bench/serving_cost.py --write-profile makes of the committed
-    serving_cost.json and serve_proxy.json: the host block, request_path_s and, once serving_cost.json
-    has an engine sweep, the SPS table and the step terms fitted to it (tests/bench/test_serving_cost.py)."""
+    serving_cost.json and serve_proxy.json (and accept.json's rows, checked below): the host block,
+    request_path_s and, once serving_cost.json has an engine sweep, the SPS table and the step terms
+    fitted to it (tests/bench/test_serving_cost.py)."""
     from bench.cost_profile import derive_profile
 
     root = Path(__file__).resolve().parents[2]
@@ -156,3 +157,13 @@ def test_the_cpu_profile_is_derived_from_the_committed_measurements():
     committed = json.loads((root / "sim" / "profiles" / "cpu_measured.json").read_text())
     assert derive_profile(committed, measured["serving"], serve, measured["command"]) == committed
     assert dataclasses.asdict(load("cpu_measured").host) == committed["host"]
+
+
+def test_the_measured_profiles_acceptance_is_bench_accepts_dspark_rows_at_t1():
+    from bench.cost_profile import acceptance_rows
+
+    root = Path(__file__).resolve().parents[2]
+    accept = json.loads((root / "bench" / "results" / "accept.json").read_text())
+    committed = json.loads((root / "sim" / "profiles" / "cpu_measured.json").read_text())
+    assert acceptance_rows(accept) == committed["acceptance"]
+    assert set(committed["acceptance"]) == {"code", "prose"}

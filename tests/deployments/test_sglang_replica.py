@@ -423,10 +423,17 @@ def test_served_through_ray_serve(sglang_app):
     assert response.readline().startswith(b"data: ")  # the stream is running
     conn.sock.close()  # hang up without reading on
     conn.close()
+    # The replica counts the abort when the stream is cancelled and asks the engine to abort
+    # (fire-and-forget, as SGLang's abort_request is): the engine's running count drops when its
+    # scheduler has processed it, so both are awaited.
     stats = wait_until(
-        lambda: (s := handle.record_routing_stats.remote().result())["aborted_requests"] == 1 and s,
+        lambda: (
+            (s := handle.record_routing_stats.remote().result())["aborted_requests"] == 1
+            and s["running_requests"] == 0
+            and s
+        ),
         timeout_s=60,
-        what="the abort to reach the replica",
+        what="the abort to reach the replica and its engine",
     )
     assert (stats["running_requests"], stats["finished_requests"], stats["backend"]) == (0, 1, "sglang")
     assert stats["recent_tau"] > 1 and stats["healthy"]

@@ -109,17 +109,23 @@ def test_tokenizing_a_huge_prompt_does_not_stall_other_streams(serve_stack):
         with pytest.raises(InvalidRequestError) as err:
             await frontend.open(huge)
         end = time.monotonic()
+        # The stream may end inside the window (the tiny target streams its 480 tokens in about a
+        # second, and tokenizing 1 MB on a loaded machine can take longer): then it must have ended
+        # normally, and the window is checked up to its last event.
         flowing = not consumer.done()
+        completed = consumer.done() and consumer.exception() is None
         consumer.cancel()
         await asyncio.gather(consumer, return_exceptions=True)
-        return err.value.field, start, end, arrivals, flowing
+        return err.value.field, start, end, arrivals, flowing or completed
 
-    field, start, end, arrivals, flowing = asyncio.run(run())
+    field, start, end, arrivals, streamed = asyncio.run(run())
     wait_until(replicas_idle, timeout_s=30, what="the abandoned stream to be aborted")
-    assert field == "prompt" and flowing
+    assert field == "prompt" and streamed
     window = end - start
     assert window > 0.3, f"tokenizing took {window:.3f}s: too short to tell a stall from a stream"
-    during = [t for t in arrivals if start <= t <= end]
-    gaps = [b - a for a, b in zip([start, *during], [*during, end])]
-    # Tokenized on the event loop, no event would arrive inside the window (one gap = the window).
+    # Tokenized on the event loop, no event would be seen inside the window: each arrival would be
+    # stamped once the loop was free again, at its end (one gap = the window).
+    during = [t for t in arrivals if start <= t < end]
+    covered = during[-1] if during and arrivals[-1] < end else end  # its last event when it ended inside
+    gaps = [b - a for a, b in zip([start, *during], [*during, covered])]
     assert len(during) >= 3 and max(gaps) < window / 2, (window, gaps)

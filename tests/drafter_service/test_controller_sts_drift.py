@@ -113,14 +113,15 @@ def test_calibration_drift_is_detected_refitted_and_pushed_losslessly(drifting, 
         assert held == pytest.approx(refit["temperatures"], abs=1e-5)
     assert greedy_texts(drifting) == expected  # lossless: which drafts are verified changed, not how
 
-    # The replicas' OTLP export reached the controller: the calibration gauge is only sent that way.
-    view = wait_until(
+    # The replicas' OTLP export reached the controller: the calibration gauge is only sent that way, and
+    # so are the requests' spans (exported on their own schedule, so they may follow the metrics).
+    wait_until(
         lambda: (
             (s := state(drifting))["otlp"]["received"]["points"] > 0
+            and s["otlp"]["received"]["spans"] > 0
             and all(r["telemetry"]["calibration_error"] is not None for r in s["replicas"].values())
             and s
         ),
         timeout_s=60,
-        what="the replicas' calibration gauges in the controller's view",
+        what="the replicas' calibration gauges and spans in the controller's view",
     )
-    assert view["otlp"]["received"]["spans"] > 0

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -85,8 +86,9 @@ def validate(
             raise ValueError(f"the earlier real run's workload {real_from.get('workload')} is not {shape}")
         r = {m: real_from[m]["real"] for m in METRICS}
         table = _engine_table(real_from.get("sps_table"))
+        real_steps = real_from.get("real_engine_steps")
     else:
-        real = _run_real(target, trace, prompts, engine)
+        real, real_steps = _run_real(target, trace, prompts, engine)
         r = summarize(real, classes, warmup, duration)
         table = _engine_table()
     out = {
@@ -97,6 +99,7 @@ def validate(
         "real_measured": real_from.get("real_measured", real_from.get("command"))
         if real_from
         else "this run",
+        "real_engine_steps": real_steps,
     }
     # The model as it stands (the engines share the host with the serving path: sim/host.py), and the
     # engine alone on its core (no host block), both against the same real figures.
@@ -134,7 +137,9 @@ def _prompts(target: Path, trace: list[Request]) -> list[str]:
     return out
 
 
-def _run_real(target: Path, trace: list[Request], prompts: list[str], engine: dict) -> list[Request]:
+def _run_real(
+    target: Path, trace: list[Request], prompts: list[str], engine: dict
+) -> tuple[list[Request], dict]:
     import openai
     import ray
     from ray import serve
@@ -162,11 +167,41 @@ def _run_real(target: Path, trace: list[Request], prompts: list[str], engine: di
             base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0, timeout=600
         )
         real = [dataclasses.replace(r) for r in trace]
-        asyncio.run(_drive(client, target.resolve().name, real, prompts))
+        with engine_steps("simval") as steps:
+            asyncio.run(_drive(client, target.resolve().name, real, prompts))
     finally:
         serve.shutdown()
         ray.shutdown()
-    return real
+    return real, steps
+
+
+@contextlib.contextmanager
+def engine_steps(app_name: str):
+    """The real engines' steps over the block, as bench/serving_cost.py reads them (their counters, the
+    engine threads' CPU and wait for a CPU, the machine's busy cores) with the profile's model of the same
+    steps: where a simulated step and a real one part, step by step rather than only in the latencies."""
+    from bench.serving_cost import (
+        _diff,
+        cpu_by_group,
+        engine_counters,
+        engine_model_s,
+        engine_time,
+        machine_busy_s,
+    )
+
+    steps: dict = {}
+    counters, cpu, busy, start = (
+        engine_counters(app_name),
+        cpu_by_group(),
+        machine_busy_s(),
+        time.perf_counter(),
+    )
+    yield steps
+    spent, wall = _diff(cpu_by_group(), cpu), time.perf_counter() - start
+    run = engine_time(engine_counters(app_name), counters, spent)
+    run["machine_busy_cores"] = round((machine_busy_s() - busy) / wall, 3)
+    run["mean_step_wall_s"] = round(run["step_time_s"] / max(1, run["steps"]), 5)
+    steps.update({**run, **engine_model_s(run, _engine_table())})
 
 
 async def _drive(client, model: str, requests: list[Request], prompts: list[str]) -> None:

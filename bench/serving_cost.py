@@ -231,16 +231,10 @@ def measure_serving(
         def run(
             max_t: int, streams: int = concurrency, label: str = "", texts: list[str] = prompts
         ) -> tuple[dict, int, float]:
-            counters, before, start = engine_counters("servingcost"), cpu_by_group(), time.perf_counter()
-            busy = machine_busy_s()
-            tokens = asyncio.run(_drive(base_url, target.name, texts, max_t, streams))
-            spent, wall = _diff(cpu_by_group(), before), time.perf_counter() - start
-            steps[label] = {
-                **engine_time(engine_counters("servingcost"), counters, spent),
-                "machine_busy_cores": round((machine_busy_s() - busy) / wall, 3),
-                "stack_cores": round(sum(v for k, v in spent.items() if k != "engine_run_delay") / wall, 3),
-            }
-            return spent, tokens, wall
+            with StepWindow("servingcost") as window:
+                tokens = asyncio.run(_drive(base_url, target.name, texts, max_t, streams))
+            steps[label] = window.steps
+            return window.spent, tokens, window.wall_s
 
         steps: dict[str, dict] = {}
         run(2)  # warm every path (first-request imports, connections, the cost table)
@@ -322,6 +316,31 @@ def engine_counters(app_name: str, replicas: int = 2) -> dict[str, float]:
         if len(seen) == replicas:
             break
     return {k: sum(e[k] for e in seen.values()) for k in ENGINE_COUNTERS}
+
+
+class StepWindow:
+    """The engines' steps over a block of work (`with StepWindow(app) as w: ...`), read from outside the
+    replicas: `steps`, their counters' increase with where the stepping time went (engine_time), the
+    machine's busy cores and the stack's own; `spent`, the CPU by group (split_engine); `wall_s`."""
+
+    def __init__(self, app_name: str) -> None:
+        self.app_name = app_name
+
+    def __enter__(self) -> StepWindow:
+        self._counters, self._cpu = engine_counters(self.app_name), cpu_by_group()
+        self._busy, self._start = machine_busy_s(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is not None:
+            return
+        self.spent, self.wall_s = _diff(cpu_by_group(), self._cpu), time.perf_counter() - self._start
+        stack = sum(v for k, v in self.spent.items() if k != "engine_run_delay")
+        self.steps = {
+            **engine_time(engine_counters(self.app_name), self._counters, self.spent),
+            "machine_busy_cores": round((machine_busy_s() - self._busy) / self.wall_s, 3),
+            "stack_cores": round(stack / self.wall_s, 3),
+        }
 
 
 def machine_busy_s() -> float:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import json
 import os
@@ -167,41 +166,25 @@ def _run_real(
             base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0, timeout=600
         )
         real = [dataclasses.replace(r) for r in trace]
-        with engine_steps("simval") as steps:
+        from bench.serving_cost import StepWindow
+
+        with StepWindow("simval") as window:
             asyncio.run(_drive(client, target.resolve().name, real, prompts))
     finally:
         serve.shutdown()
         ray.shutdown()
-    return real, steps
+    return real, engine_steps(window, _engine_table())
 
 
-@contextlib.contextmanager
-def engine_steps(app_name: str):
-    """The real engines' steps over the block, as bench/serving_cost.py reads them (their counters, the
-    engine threads' CPU and wait for a CPU, the machine's busy cores) with the profile's model of the same
-    steps: where a simulated step and a real one part, step by step rather than only in the latencies."""
-    from bench.serving_cost import (
-        _diff,
-        cpu_by_group,
-        engine_counters,
-        engine_model_s,
-        engine_time,
-        machine_busy_s,
-    )
+def engine_steps(window, table: dict | None) -> dict:
+    """The real engines' steps over the run (bench/serving_cost.StepWindow) with the profile's model of
+    the same steps: where a simulated step and a real one part, step by step rather than only in the
+    latencies."""
+    from bench.serving_cost import engine_model_s
 
-    steps: dict = {}
-    counters, cpu, busy, start = (
-        engine_counters(app_name),
-        cpu_by_group(),
-        machine_busy_s(),
-        time.perf_counter(),
-    )
-    yield steps
-    spent, wall = _diff(cpu_by_group(), cpu), time.perf_counter() - start
-    run = engine_time(engine_counters(app_name), counters, spent)
-    run["machine_busy_cores"] = round((machine_busy_s() - busy) / wall, 3)
-    run["mean_step_wall_s"] = round(run["step_time_s"] / max(1, run["steps"]), 5)
-    steps.update({**run, **engine_model_s(run, _engine_table())})
+    steps = window.steps
+    mean_step = round(steps["step_time_s"] / max(1, steps["steps"]), 5)
+    return {**steps, "mean_step_wall_s": mean_step, **engine_model_s(steps, table)}
 
 
 async def _drive(client, model: str, requests: list[Request], prompts: list[str]) -> None:

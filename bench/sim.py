@@ -308,8 +308,30 @@ def markdown(report: dict) -> str:
         )
     lines.append(f"\nSummary: `{json.dumps(report['summary'])}`\n")
     lines.append(f"Scale: `{json.dumps(report['scale'])}`\n")
-    lines.append(f"Validation: `{json.dumps(report['validation'])}`\n")
+    lines.extend(validation_lines(report["validation"]))
     return "\n".join(lines)
+
+
+VALIDATED = ("throughput_rps", "output_tok_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
+
+
+def validation_lines(validation: dict) -> list[str]:
+    """The validation against the real cluster as a table, real and simulated side by side."""
+    if "real_measured" not in validation:  # skipped, or a run that did not finish
+        return [f"Validation: `{json.dumps(validation)}`\n"]
+    lines = [
+        f"Validation against real Ray Serve (`{validation['command']}`; real half: "
+        f"`{validation['real_measured']}`):\n",
+        "| metric | real | sim | sim vs real |",
+        "|---|---:|---:|---:|",
+    ]
+    for name in VALIDATED:
+        m = validation[name]
+        lines.append(f"| {name} | {m['real']} | {m['sim']} | {m['rel_diff']:+.1%} |")
+    outside = validation["outside_15pct"]
+    verdict = f"outside 15 %: {', '.join(outside)}" if outside else "all within 15 %"
+    lines.append(f"\n{verdict}\n")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:

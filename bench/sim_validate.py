@@ -31,6 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
+from bench.sim import markdown as sim_markdown  # noqa: E402
 from sim.cluster import Cluster, ClusterConfig, Group  # noqa: E402
 from sim.metrics import summarize  # noqa: E402
 from sim.profiles import load  # noqa: E402
@@ -297,6 +298,7 @@ def main(argv: list[str] | None = None) -> None:
         data = json.loads(report.read_text())
         data["validation"] = result
         report.write_text(json.dumps(data, indent=1))
+        (out / "sim.md").write_text(sim_markdown(data))  # its table shows the validation too
     print(json.dumps(result, indent=1))
     print("wrote", out / "sim_validate.json", *([report] if report.is_file() else []))
 

@@ -58,6 +58,37 @@ def thread_cpu(pids: list[int]) -> collections.Counter:
     return by_thread
 
 
+def sched_ns(pid: int) -> dict[str, tuple[int, int]]:
+    """Each thread's (CPU, waiting on a run queue) nanoseconds so far (/proc/.../schedstat)."""
+    times = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            on_cpu, queued, _ = (task / "schedstat").read_text().split()
+        except (OSError, ValueError):
+            continue
+        times[task.name] = (int(on_cpu), int(queued))
+    return times
+
+
+def engine_waits(stats: dict, before: dict, pid: int, sched_before: dict[str, tuple[int, int]]) -> str:
+    """Where the engine thread's step wall time went, per step: on a CPU, waiting for a CPU (run
+    queue), and the rest, blocked: at concurrency 1 the engine thread blocks on nothing but the
+    interpreter lock (torch runs one thread), so that is its wait for the GIL. The engine thread is
+    the one that ran most meanwhile. Approximate: its counters also cover its short work between steps."""
+    steps = max(1, stats["steps"] - before["steps"])
+    wall = (stats["step_time_s"] - before["step_time_s"]) * 1e9
+    spent = {
+        tid: (now[0] - sched_before.get(tid, (0, 0))[0], now[1] - sched_before.get(tid, (0, 0))[1])
+        for tid, now in sched_ns(pid).items()
+    }
+    on_cpu, queued = max(spent.values())
+    blocked = max(0.0, wall - on_cpu - queued)
+    return (
+        f"engine thread per step: on CPU {on_cpu / steps / 1e6:.2f} ms, waiting for a CPU "
+        f"{queued / steps / 1e6:.2f} ms, blocked (GIL) {blocked / steps / 1e6:.2f} ms"
+    )
+
+
 def by_name(spent: collections.Counter, engine: bool) -> collections.Counter:
     """CPU by thread name; with `engine`, the busiest thread (the replica's engine thread, which steps
     the engine) apart from the other Python threads (Serve's request handling and streaming)."""
@@ -141,10 +172,13 @@ def main(argv: list[str] | None = None) -> int:
         try:
             run_offline(engine, prompts[:1], args.max_tokens, 1)  # warm
             cpu, work, threads = time.process_time(), engine.stats.to_dict(), thread_cpu([os.getpid()])
+            sched_before = sched_ns(os.getpid())
             samples, wall = run_offline(engine, prompts, args.max_tokens, args.concurrency)
             cpu = time.process_time() - cpu
             threads = thread_cpu([os.getpid()]) - threads
             print(f"[offline] engine: {engine_work(engine.stats.to_dict(), work)}")
+            waits = engine_waits(engine.stats.to_dict(), work, os.getpid(), sched_before)
+            print(f"[offline] {waits}")
         finally:
             engine.shutdown()
         tokens = sum(s.tokens for s in samples)
@@ -229,12 +263,15 @@ def main(argv: list[str] | None = None) -> int:
             before = {name: cpu_seconds(p) for name, p in pids.items()}
             threads_before = {name: thread_cpu(p) for name, p in pids.items()}
             work = replica.get_state.remote().result()["engine"]
+            sched_before = sched_ns(pids["replica"][0])
             tokens = counts[f"{label}_tokens"]
             _, wall = run_threads(fn, prompts, args.concurrency)
             tokens = counts[f"{label}_tokens"] - tokens
             cpu = {name: cpu_seconds(p) - before[name] for name, p in pids.items()}
             print(f"[{label}] {tokens / wall:.0f} tok/s aggregate at concurrency {args.concurrency}")
-            print(f"[{label}] engine: {engine_work(replica.get_state.remote().result()['engine'], work)}")
+            engine_now = replica.get_state.remote().result()["engine"]
+            print(f"[{label}] engine: {engine_work(engine_now, work)}")
+            print(f"[{label}] {engine_waits(engine_now, work, pids['replica'][0], sched_before)}")
             print(
                 f"[{label}] CPU ms per generated token: "
                 + ", ".join(

@@ -286,6 +286,12 @@ def main(argv: list[str] | None = None) -> int:
         help="one Ray stream per request instead of one per ingress->replica pair (AppConfig.stream_mux)",
     )
     parser.add_argument(
+        "--stream-mux-transport",
+        choices=("socket", "serve"),
+        default="socket",
+        help="what carries the muxed streams' later events: a direct TCP connection or a Serve call",
+    )
+    parser.add_argument(
         "--direct-ingress",
         action="store_true",
         help="clients call the ingress replica's own HTTP/gRPC servers, no Serve proxy in the path",
@@ -320,7 +326,11 @@ def main(argv: list[str] | None = None) -> int:
         model,
         engine_options,
         args.threads,
-        {"stream_interval": args.stream_interval, "stream_mux": not args.no_stream_mux},
+        {
+            "stream_interval": args.stream_interval,
+            "stream_mux": not args.no_stream_mux,
+            "stream_mux_transport": args.stream_mux_transport,
+        },
         direct_ingress=args.direct_ingress,
     )
     name = Path(model).name
@@ -394,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
             "path": "direct_ingress" if args.direct_ingress else "proxy",
             "stream_interval": args.stream_interval,
             "stream_mux": not args.no_stream_mux,
+            "stream_mux_transport": args.stream_mux_transport,
             "serving_processes": {proc: len(p) for proc, p in pids.items()},
         },
         "points": points,

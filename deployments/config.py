@@ -143,6 +143,12 @@ class AppConfig(BaseModel):
     # the first, a step's worth in one message (deployments/stream_mux.py); applies with the SLA router,
     # the builtin engine and a fixed replica count (`stream_mux_applies`); otherwise one stream per request.
     stream_mux: bool = True
+    # What carries a multiplexed stream's events after the first: "socket", a TCP connection from the
+    # target replica to the ingress replica (deployments/mux_socket.py: a message costs the replica one
+    # socket write, not Serve's streaming plumbing, whose Python holds the lock the engine thread needs);
+    # "serve", a streaming call through Serve pinned to the replica (for networks where the replicas'
+    # ports cannot be reached from the ingress).
+    stream_mux_transport: Literal["socket", "serve"] = "socket"
     api_keys: list[str] = Field(default_factory=list, description="bearer tokens accepted; empty: open")
     # Tokens kept out of the config itself: a file with one per line (a mounted Kubernetes Secret),
     # read by the ingress at start and accepted besides `api_keys`.
@@ -308,8 +314,10 @@ class AppConfig(BaseModel):
     @property
     def replica_max_calls(self) -> int:
         """Serve's max_ongoing_requests for a target replica: its requests, plus one subscription per
-        ingress replica when streams are multiplexed (those calls hold no engine capacity)."""
-        return self.replica_max_ongoing + (self.max_ingress_replicas if self.stream_mux_applies else 0)
+        ingress replica when streams are multiplexed through Serve (those calls hold no engine capacity;
+        over the socket transport subscriptions are no Serve calls)."""
+        serve_subscriptions = self.stream_mux_applies and self.stream_mux_transport == "serve"
+        return self.replica_max_ongoing + (self.max_ingress_replicas if serve_subscriptions else 0)
 
     @property
     def ingress_running(self) -> int:

@@ -145,7 +145,11 @@ class Frontend:
         queued = None if config.max_queued_requests < 0 else config.max_queued_requests
         self.admission = IngressAdmission(config.ingress_running, queued)
         self.telemetry = setup_process("ingress")
-        self.mux = Subscriptions(replica) if config.stream_mux_applies else None
+        self.mux = (
+            Subscriptions(replica, socket=config.stream_mux_transport == "socket")
+            if config.stream_mux_applies
+            else None
+        )
 
     async def model_info(self) -> dict:
         """The engine's own view (context length, drafter), fetched from a replica once."""
@@ -223,7 +227,7 @@ class Frontend:
         try:
             message = await source.__anext__()
             if mux is not None:
-                replica_id, message = unpack_first(message)
+                replica_id, message, address = unpack_first(message)
             first = received(message)
         except BaseException:
             source.cancel()
@@ -236,7 +240,7 @@ class Frontend:
             if first.finished:
                 mux.unregister(key)
             else:
-                mux.placed(key, replica_id)
+                mux.placed(key, replica_id, address)
                 stream._muxed, stream._mux, stream._key = muxed, mux, key
         return stream
 

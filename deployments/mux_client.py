@@ -12,6 +12,9 @@ counts it as running there. Only the SLA router honours pins, so only it enables
 under Serve's autoscaler, which would count subscriptions as load (AppConfig.stream_mux_applies);
 otherwise one stream per request.
 
+With `stream_mux_transport: socket` (the default) a subscription is instead a TCP connection to the
+replica (deployments/mux_socket.py), whose address the first event carries: no Serve call, no pin.
+
 Each subscription runs in a task of its own, outside any request's context: Serve would otherwise tag
 it with the internal id of the request that happened to open it, and its end would count as that
 request's completion for the router.
@@ -24,7 +27,7 @@ import contextvars
 import logging
 import uuid
 
-from deployments import stream_mux
+from deployments import mux_socket, stream_mux
 from deployments.errors import unwrap
 from router.serve_router import PINNED
 
@@ -35,21 +38,25 @@ MISROUTED_RETRIES = 5  # a subscription Serve handed to another replica (a rare 
 class Subscriptions:
     """This ingress' muxed streams and its subscriptions by target replica id (asyncio, one loop)."""
 
-    def __init__(self, replica_handle) -> None:
+    def __init__(self, replica_handle, socket: bool = True) -> None:
         self.channel = uuid.uuid4().hex  # this ingress replica, as the target replicas know it
         self._handle = replica_handle.options(stream=True)
+        self.socket = socket  # subscriptions on a direct connection (mux_socket), else Serve calls
         self.demux = stream_mux.Demux()
         self._tasks: dict[str, asyncio.Task] = {}
+        self._addresses: dict[str, tuple[str, int, str]] = {}  # replica id -> its mux_socket address
 
     def register(self) -> tuple[str, asyncio.Queue]:
         """A new stream's key, and the queue its events after the first will arrive on."""
         key = uuid.uuid4().hex
         return key, self.demux.register(key)
 
-    def placed(self, key: str, replica_id: str) -> None:
-        """Stream `key` runs on `replica_id` (its first event said so): open the subscription there
-        unless one is open."""
+    def placed(self, key: str, replica_id: str, address: tuple[str, int, str] | None = None) -> None:
+        """Stream `key` runs on `replica_id`, listening at `address` with the socket transport (its
+        first event said so): open the subscription there unless one is open."""
         self.demux.placed(key, replica_id)
+        if address is not None:
+            self._addresses[replica_id] = tuple(address)
         if replica_id not in self._tasks and self.demux.running_on(replica_id):
             self._tasks[replica_id] = asyncio.get_running_loop().create_task(
                 self._subscribe(replica_id), context=contextvars.Context()
@@ -64,6 +71,11 @@ class Subscriptions:
             # The replica ends a subscription when none of our streams runs there; one placed there
             # meanwhile (its first event already sent) needs the next.
             while self.demux.running_on(replica_id):
+                if self.socket:
+                    await mux_socket.receive(
+                        self._addresses[replica_id], self.channel, replica_id, self.demux.deliver
+                    )
+                    continue
                 source = self._handle.subscribe.remote(self.channel, **{PINNED: replica_id})
                 try:
                     async for message in source:
@@ -80,3 +92,5 @@ class Subscriptions:
             # No await between the last check of `running_on` and here: a stream placed later
             # starts a new task.
             del self._tasks[replica_id]
+            if not self.demux.running_on(replica_id):
+                self._addresses.pop(replica_id, None)

@@ -17,11 +17,12 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
+import ray
 import torch
 from ray import serve
 from ray.serve.schema import ReplicaRank
 
-from deployments import replica_control, replica_engine, replica_state, running, stream_mux
+from deployments import mux_socket, replica_control, replica_engine, replica_state, running, stream_mux
 from deployments.config import AppConfig
 from deployments.errors import classify
 from deployments.events import StreamEvent, coalesce_interval
@@ -56,6 +57,7 @@ class TargetReplica:
         self._keepalive: asyncio.Task | None = None
         self._running = running.RunningRequests()
         self._outboxes = stream_mux.Outboxes()  # by ingress channel: events waiting for its subscription
+        self._mux_server: mux_socket.MuxServer | None = None  # the socket transport's, once started
         built = replica_engine.build(self.config, self.config.engine_config(self._rank))
         self._telemetry = EngineTelemetry(
             self.telemetry, built.engine.engine, self.config.model_name, _replica_id()
@@ -131,9 +133,10 @@ class TargetReplica:
         the request ends).
 
         `mux` (channel, key): the ingress reads this request's events after the first from its
-        subscription to this replica (`subscribe(channel)`, deployments/stream_mux.py), where they
-        travel with its other streams' events of the same step, under `key`. The first message then
-        carries this replica's id too (`stream_mux.pack_first`), and nothing follows it here: the call
+        subscription to this replica (a connection to this replica's socket, deployments/mux_socket.py,
+        or `subscribe(channel)`; deployments/stream_mux.py), where they travel with its other streams'
+        events of the same step, under `key`. The first message then carries this replica's id and
+        socket address too (`stream_mux.pack_first`), and nothing follows it here: the call
         stays open until the request ends, so cancelling it still aborts the request, and Serve's
         routers still count the request as running here until then.
         """
@@ -194,9 +197,10 @@ class TargetReplica:
                 elif mux is None:
                     yield wire
                 else:  # the first event: the ingress learns where to subscribe
+                    address = await self._mux_address()
                     outbox = self._outboxes[mux[0]]
                     outbox.open(mux[1])
-                    yield stream_mux.pack_first(_replica_id(), wire)
+                    yield stream_mux.pack_first(_replica_id(), wire, address)
                     if relay is not None and not event.finished:
                         relay.attach(outbox, mux[1], event, held)
                         while (item := await pending.get()) is not stream_mux.END:
@@ -219,6 +223,15 @@ class TargetReplica:
             if not ended:  # aborted, or the client left: the engine stops it and frees its KV pages
                 engine.abort(engine_id)
             trace.close()  # a request that left early ends its span here
+
+    async def _mux_address(self) -> tuple[str, int, str] | None:
+        """Where the ingress subscribes with the socket transport (None: through `subscribe`); the
+        listening socket starts with the first muxed request."""
+        if self.config.stream_mux_transport != "socket":
+            return None
+        if self._mux_server is None:
+            self._mux_server = mux_socket.MuxServer(self._outboxes, _replica_id(), _node_ip())
+        return await self._mux_server.start()
 
     async def subscribe(self, channel: str, pinned_replica: str) -> AsyncIterator[bytes]:
         """The ingress `channel`'s subscription here: the events of its streams after their first,
@@ -347,6 +360,9 @@ class TargetReplica:
         telemetry = getattr(self, "telemetry", None)
         if telemetry is not None:
             telemetry.shutdown()  # exports what is pending
+        mux_server = getattr(self, "_mux_server", None)
+        if mux_server is not None:
+            mux_server.close()
         engine = getattr(self, "engine", None)
         if engine is None:
             return
@@ -381,6 +397,14 @@ def _replica_rank() -> int:
         return serve.get_replica_context().rank.rank
     except Exception:  # outside Serve (tests calling the class directly)
         return 0
+
+
+def _node_ip() -> str:
+    """The address other nodes reach this one at (loopback outside a Ray cluster: tests)."""
+    try:
+        return ray.util.get_node_ip_address()
+    except Exception:
+        return "127.0.0.1"
 
 
 def _replica_id() -> str:

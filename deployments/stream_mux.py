@@ -45,14 +45,15 @@ def pack_error(exc: BaseException) -> bytes:
         return pickle.dumps(RuntimeError(f"{type(exc).__name__}: {exc}"))
 
 
-def pack_first(replica_id: str, event: bytes) -> bytes:
-    """A muxed request's first message: its first event, and the replica to subscribe to."""
-    return msgpack.packb((replica_id, event))
+def pack_first(replica_id: str, event: bytes, address: tuple[str, int, str] | None = None) -> bytes:
+    """A muxed request's first message: its first event, the replica to subscribe to and, with the
+    socket transport (deployments/mux_socket.py), where it listens."""
+    return msgpack.packb((replica_id, event, address))
 
 
-def unpack_first(message: bytes) -> tuple[str, bytes]:
-    replica_id, event = msgpack.unpackb(message)
-    return replica_id, event
+def unpack_first(message: bytes) -> tuple[str, bytes, tuple[str, int, str] | None]:
+    replica_id, event, address = msgpack.unpackb(message)
+    return replica_id, event, None if address is None else tuple(address)
 
 
 class Outbox:

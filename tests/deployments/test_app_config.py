@@ -143,11 +143,19 @@ def test_engine_options_by_rank_make_heterogeneous_replicas(qwen3_dir):
     with pytest.raises(pydantic.ValidationError, match="max_num_seqs"):
         AppConfig(model="m", engine_by_rank=[{"max_num_seqs": 0}])
     # Serve admits as many requests per replica as the largest engine takes (the router keeps to each),
-    # plus a stream subscription per ingress replica (2 by default; deployments/stream_mux.py).
+    # plus, with subscriptions through Serve, one per ingress replica (2 by default; stream_mux.py);
+    # over the socket transport (the default) subscriptions are no Serve calls.
     by_rank = [{"max_num_seqs": 3}, {"max_num_seqs": 5}]
     app = build_app({"model": str(qwen3_dir), "engine_by_rank": by_rank})
     replica = app._bound_deployment.init_args[0]._bound_deployment
-    assert replica._deployment_config.max_ongoing_requests == 5 + 2
+    assert replica._deployment_config.max_ongoing_requests == 5
+    through_serve = build_app(
+        {"model": str(qwen3_dir), "engine_by_rank": by_rank, "stream_mux_transport": "serve"}
+    )
+    assert (
+        through_serve._bound_deployment.init_args[0]._bound_deployment._deployment_config.max_ongoing_requests
+        == 5 + 2
+    )
     unmuxed = build_app({"model": str(qwen3_dir), "engine_by_rank": by_rank, "stream_mux": False})
     assert (
         unmuxed._bound_deployment.init_args[0]._bound_deployment._deployment_config.max_ongoing_requests == 5
@@ -157,5 +165,7 @@ def test_engine_options_by_rank_make_heterogeneous_replicas(qwen3_dir):
     assert not AppConfig(model="m", router="pow2").stream_mux_applies
     autoscaled = AppConfig(model="m", autoscaling_config={"min_replicas": 1, "max_replicas": 2})
     assert not autoscaled.stream_mux_applies
+    with pytest.raises(pydantic.ValidationError, match="stream_mux_transport"):
+        AppConfig(model="m", stream_mux_transport="ray")
     # The router's settings stay out of the replicas' arguments (changing them restarts no replica).
     assert "router" not in replica.init_args[0] and "sla_classes" not in replica.init_args[0]

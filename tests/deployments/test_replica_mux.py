@@ -1,7 +1,9 @@
 """The target replica's multiplexed streams in-process (no Ray): the request's own stream carries its
 first event and this replica's id, the ingress channel's subscription carries every later event of all
 its streams, greedy output stays identical to the offline engine, with and without a stream interval,
-and an abort by id ends the stream there with finish_reason "abort"."""
+and an abort by id ends the stream there with finish_reason "abort". The subscription is the replica's
+`subscribe` (the "serve" transport, called directly) or a real TCP connection to its socket
+(deployments/mux_socket.py, the default)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import asyncio
 import pytest
 from serving import ENGINE
 
+from deployments import mux_socket
+from deployments.errors import classify
 from deployments.events import StreamEvent
 from deployments.replica import TargetReplica
 from deployments.stream_mux import Demux, MisroutedError, unpack_first
@@ -32,14 +36,18 @@ def muxed_streams(replica, params: list[SamplingParams], abort: str | None = Non
             ids = replica.engine.engine.tokenize(prompt)
             calls.append((rid, queue, replica.generate(ids, p, rid, mux=("c", rid))))
         for rid, _, call in calls:
-            replica_id, wire = unpack_first(await call.__anext__())
+            replica_id, wire, address = unpack_first(await call.__anext__())
             assert replica_id == "local"  # outside Serve
+            assert (address is None) == (replica.config.stream_mux_transport == "serve")
             firsts[rid] = StreamEvent.from_wire(wire)
             demux.placed(rid, replica_id)
         if abort is not None:
             assert await replica.abort(abort) == 1
 
         async def subscription():
+            if address is not None:
+                await mux_socket.receive(address, "c", replica_id, demux.deliver)
+                return
             async for message in replica.subscribe("c", "local"):
                 demux.deliver(message)
 
@@ -61,10 +69,15 @@ def muxed_streams(replica, params: list[SamplingParams], abort: str | None = Non
     return asyncio.run(run())
 
 
-@pytest.mark.parametrize("interval", [1, 3])
-def test_muxed_streams_equal_offline_greedy_and_share_the_subscription(qwen3_dir, interval):
+@pytest.mark.parametrize(("interval", "transport"), [(1, "socket"), (3, "socket"), (1, "serve")])
+def test_muxed_streams_equal_offline_greedy_and_share_the_subscription(qwen3_dir, interval, transport):
     replica = TargetReplica.func_or_class(
-        {"model": str(qwen3_dir), "engine": dict(ENGINE), "stream_interval": interval}
+        {
+            "model": str(qwen3_dir),
+            "engine": dict(ENGINE),
+            "stream_interval": interval,
+            "stream_mux_transport": transport,
+        }
     )
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (24, 12)]
     try:
@@ -111,3 +124,30 @@ def test_a_subscription_that_reached_another_replica_is_refused(qwen3_dir):
             asyncio.run(run())
     finally:
         replica.__del__()
+
+
+def test_a_socket_subscription_naming_another_replica_or_a_stale_token_is_refused(qwen3_dir):
+    replica = TargetReplica.func_or_class({"model": str(qwen3_dir), "engine": dict(ENGINE)})
+    delivered = []
+
+    async def run():
+        host, port, token = await replica._mux_address()
+        for replica_id, offered in (("some-other-replica", token), ("local", "0" * len(token))):
+            with pytest.raises(mux_socket.StreamLostError, match="refused"):
+                await asyncio.wait_for(
+                    mux_socket.receive((host, port, offered), "c", replica_id, delivered.append), 30
+                )
+        # A connection that is no client of ours is dropped; the server goes on serving.
+        _, writer = await asyncio.open_connection(host, port)
+        writer.write(b"\xff\xff\xff\xff")
+        await writer.drain()
+        writer.close()
+        with pytest.raises(mux_socket.StreamLostError, match="refused"):
+            await asyncio.wait_for(mux_socket.receive((host, port, "x"), "c", "local", delivered.append), 30)
+
+    try:
+        asyncio.run(run())
+    finally:
+        replica.__del__()
+    assert delivered == []
+    assert classify(mux_socket.StreamLostError("gone")).http_status == 503

@@ -166,7 +166,12 @@ def test_errors_and_first_messages_travel_exactly():
     assert type(unpicklable) is RuntimeError and str(unpicklable) == "Local: boom"
     misrouted = pickle.loads(pack_error(MisroutedError("to r2")))
     assert type(misrouted) is MisroutedError and str(misrouted) == "to r2"
-    assert unpack_first(pack_first("r1", b"\x00event")) == ("r1", b"\x00event")
+    assert unpack_first(pack_first("r1", b"\x00event")) == ("r1", b"\x00event", None)
+    assert unpack_first(pack_first("r1", b"e", ("10.0.0.2", 4711, "tok"))) == (
+        "r1",
+        b"e",
+        ("10.0.0.2", 4711, "tok"),
+    )
 
 
 def event(i: int, finished: bool = False) -> StreamEvent:

@@ -28,9 +28,12 @@ GREEDY = dict(max_tokens=40, temperature=0.0, ignore_eos=True)
 PROMPT = "def wrap(text, width):"
 
 
-@pytest.fixture(scope="module")
-def muxed(serve_stack):
-    args = app_args(serve_stack.model_dir, num_replicas=1, ingress_num_cpus=0)  # its ingress stays idle
+@pytest.fixture(scope="module", params=["socket", "serve"])
+def muxed(serve_stack, request):
+    """The app with subscriptions on a direct connection (mux_socket, the default) or through Serve."""
+    args = app_args(
+        serve_stack.model_dir, num_replicas=1, ingress_num_cpus=0, stream_mux_transport=request.param
+    )  # its ingress stays idle
     serve.run(build_app(args), name=MUXED, route_prefix="/muxed")
     handle = serve.get_deployment_handle("TargetReplica", MUXED)
     yield handle, AppConfig(**args)
@@ -65,6 +68,7 @@ def test_concurrent_streams_share_one_subscription_and_end_apart(muxed, serve_st
         # All three run on the one replica, behind one subscription of this ingress.
         placed = {frontend.mux.demux._replica_of[s._key] for s in (leaving, aborted, greedy)}
         subscribing = set(frontend.mux._tasks)
+        addresses = dict(frontend.mux._addresses)  # where the socket subscriptions connect
 
         leaving_events = leaving.events()
         taken = [await leaving_events.__anext__() for _ in range(2)]
@@ -74,10 +78,15 @@ def test_concurrent_streams_share_one_subscription_and_end_apart(muxed, serve_st
         aborted_last = [e async for e in aborted.events()][-1]
 
         greedy_events = [e async for e in greedy.events()]
-        return placed, subscribing, taken, aborted_last, greedy_events
+        return placed, subscribing, addresses, taken, aborted_last, greedy_events
 
-    placed, subscribing, taken, aborted_last, greedy_events = asyncio.run(run())
+    placed, subscribing, addresses, taken, aborted_last, greedy_events = asyncio.run(run())
     assert len(placed) == 1 and subscribing == placed
+    if config.stream_mux_transport == "socket":
+        ((host, port, token),) = [addresses[r] for r in placed]
+        assert host == ray.util.get_node_ip_address() and port > 0 and len(token) == 32
+    else:
+        assert addresses == {}
     assert len(taken) == 2 and not taken[-1].finished
     assert aborted_last.finished and aborted_last.finish_reason == "abort"
     token_ids = [t for e in greedy_events for t in e.token_ids]

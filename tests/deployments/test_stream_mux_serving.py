@@ -3,7 +3,7 @@ real Frontend in this process, with a handle to an app of one target replica, so
 on that replica and this process' SLA router pins the subscription. Concurrent streams travel on one
 subscription, greedy output stays identical to the offline engine, and a stream whose client leaves
 or that is aborted by id ends alone, on the replica too, while the others run on; a replica that dies
-ends its own streams with an error and no other."""
+ends its own streams with an error and no other (its socket subscription breaks)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from deployments.app import build_app
 from deployments.config import AppConfig
 from deployments.errors import classify
 from deployments.frontend import Frontend
+from deployments.mux_socket import StreamLostError
 from deployments.replicas import SERVE_NAMESPACE, replica_actor_names, routing_stats
 from deployments.validation import Limits, completion_request
 from dspark import LLM, SamplingParams
@@ -136,7 +137,7 @@ def test_a_replica_dying_ends_its_streams_with_an_error_and_spares_the_others(se
         on, outcomes = asyncio.run(run())
         for replica_id, got in zip(on, outcomes):
             if replica_id == on[0]:  # ended with the replica's death, reported as the service's fault
-                assert isinstance(got, Exception) and classify(got).http_status == 503, repr(got)
+                assert isinstance(got, StreamLostError) and classify(got).http_status == 503, repr(got)
             else:
                 assert got == list(expected.token_ids)
     finally:

@@ -108,7 +108,14 @@ def engine_work(stats: dict, before: dict) -> str:
     steps = stats["steps"] - before["steps"]
     tokens = stats["generated_tokens"] - before["generated_tokens"]
     seconds = stats["step_time_s"] - before["step_time_s"]
-    return f"{tokens / max(1, steps):.2f} tokens per step, {1000 * seconds / max(1, steps):.2f} ms per step"
+    forward = stats["forward_time_s"] - before["forward_time_s"]
+    draft = stats["draft_time_s"] - before["draft_time_s"]
+    per = 1000 / max(1, steps)
+    rest = seconds - forward - draft
+    return (
+        f"{tokens / max(1, steps):.2f} tokens per step, {seconds * per:.2f} ms per step "
+        f"(target forward {forward * per:.2f}, drafting {draft * per:.2f}, the rest {rest * per:.2f})"
+    )
 
 
 def top_functions(raw: Path, n: int = 15) -> list[tuple[str, float]]:

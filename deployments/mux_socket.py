@@ -60,7 +60,13 @@ class MuxServer:
             return self.address
         if self._starting is None:
             self._starting = asyncio.get_running_loop().create_task(self._listen())
-        await asyncio.shield(self._starting)
+        starting = self._starting
+        try:
+            await asyncio.shield(starting)
+        except Exception:
+            if self._starting is starting:  # the next muxed request tries again
+                self._starting = None
+            raise
         return self.address
 
     async def _listen(self) -> None:

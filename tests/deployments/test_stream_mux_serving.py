@@ -79,6 +79,11 @@ def test_concurrent_streams_share_one_subscription_and_end_apart(muxed, serve_st
         aborted_last = [e async for e in aborted.events()][-1]
 
         greedy_events = [e async for e in greedy.events()]
+        for _ in range(1000):  # the subscription ends with the last stream: no connection or call stays
+            if not frontend.mux._tasks:
+                break
+            await asyncio.sleep(0.01)
+        assert frontend.mux._tasks == {} and frontend.mux._addresses == {}
         return placed, subscribing, addresses, taken, aborted_last, greedy_events
 
     placed, subscribing, addresses, taken, aborted_last, greedy_events = asyncio.run(run())

@@ -25,6 +25,7 @@ import torch
 from tqdm import tqdm
 
 from dspark.runner import ForwardItem, ModelRunner
+from dspark.scheduler import convex_rates
 
 FORMAT_VERSION = 1
 
@@ -58,10 +59,19 @@ class CostTable:
 
     def _fit(self) -> None:
         self.smoothed = isotonic_non_increasing(self.rates)
-        self._dense = np.interp(np.arange(1, self.max_tokens + 1), self.points, self.smoothed)
+        tokens = np.arange(1, self.max_tokens + 1)
+        self._dense = np.interp(tokens, self.points, self.smoothed)
+        # The scheduler's walk reads the convex envelope of the step time (dspark/scheduler.py says why).
+        self._convex = 1.0 / np.interp(
+            tokens, self.points, 1.0 / np.array(convex_rates(self.points, self.smoothed))
+        )
 
     def __call__(self, num_tokens: int) -> float:
         return float(self._dense[min(max(num_tokens, 1), self.max_tokens) - 1])
+
+    def convex(self, num_tokens: int) -> float:
+        """SPS(B) with the step time's convex envelope: what Algorithm 1's early stop walks on."""
+        return float(self._convex[min(max(num_tokens, 1), self.max_tokens) - 1])
 
     def observe(self, num_tokens: int, seconds: float, weight: float) -> None:
         """Fold one observed forward into the table, so drift (heat, neighbours, context) heals."""

@@ -16,6 +16,14 @@ search that looks past a drop (keeps the best of all prefixes) verifies slot j b
 a_{r,j+1}, a function of x_{r,j}: the bias of the paper's Appendix A (0.7/0.3 turns into 0.85/0.15).
 The pipelined variant keeps the same property by taking its capacity K from confidences of two
 rounds earlier and using the live ones only to rank: the rank of (r, j) depends on x_{r,<j} alone.
+
+Where the stop is exact. Along the walk tau(K) is concave (survivals are taken in descending order), so
+theta(K) = tau(K) / T(B + K) is unimodal whenever the step time T = 1/SPS is convex in B (flat up to a
+compute knee, then rising ever faster): the first drop is then the global maximum. A table whose step
+time has a concave kink (a steep rise, then a flatter stretch: profiling noise, or figures from runs of
+different shapes) puts a local maximum before the flat stretch, and the stop ends the walk there. The
+walk is therefore given the convex envelope of the table's step times (`convex_rates`): the stop stays
+a stop, so losslessness is untouched, and it ends at the envelope's global optimum.
 """
 
 from __future__ import annotations
@@ -31,6 +39,33 @@ def survival(confidences: Iterable[float]) -> list[float]:
     for c in confidences:
         a *= min(1.0, c) if c > 0 else 0.0  # `c > 0` is False for NaN
         out.append(a)
+    return out
+
+
+def convex_rates(points: Sequence[int], rates: Sequence[float]) -> list[float]:
+    """SPS at `points` whose step time 1/SPS is the lower convex envelope of the given ones.
+
+    Points on the envelope keep their rate; a point above it (a step that costs more than the chord of
+    its neighbours on the envelope) gets the chord's time. Taken linear in time between points.
+    """
+    times = [1.0 / r for r in rates]
+    hull: list[int] = []  # indices of the envelope's vertices, left to right
+    for i, b in enumerate(points):
+        while len(hull) >= 2:
+            i0, i1 = hull[-2], hull[-1]
+            # Drop the middle vertex when it lies on or above the chord from i0 to i.
+            if (times[i1] - times[i0]) * (b - points[i0]) >= (times[i] - times[i0]) * (
+                points[i1] - points[i0]
+            ):
+                hull.pop()
+            else:
+                break
+        hull.append(i)
+    out = list(rates)
+    for i0, i1 in zip(hull, hull[1:]):
+        for k in range(i0 + 1, i1):
+            share = (points[k] - points[i0]) / (points[i1] - points[i0])
+            out[k] = 1.0 / (times[i0] + share * (times[i1] - times[i0]))
     return out
 
 

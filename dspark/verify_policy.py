@@ -103,7 +103,10 @@ class ScheduledLength:
         if self.pipelined and round_.history is not None:
             k = best_capacity(round_.history, len(rows), round_.sps, cap, extra)
             return _merge(fixed, pick_top(rows, k))
-        return _merge(fixed, schedule(rows, round_.sps, cap, extra))
+        # The early stop walks on the step time's convex envelope, where it finds the global optimum
+        # (dspark/scheduler.py): a cost table offers it; any other SPS function is taken as it is.
+        walk = getattr(round_.sps, "convex", round_.sps)
+        return _merge(fixed, schedule(rows, walk, cap, extra))
 
 
 def _split(round_: VerifyRound) -> tuple[list[int], list[list[float]], int]:

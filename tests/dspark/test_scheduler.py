@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from dspark.config import SCHEDULERS, EngineConfig
+from dspark.cost_table import CostTable
 from dspark.draft_budget import DraftBudget
 from dspark.drafter import DraftProposal
 from dspark.errors import InvalidRequestError
-from dspark.scheduler import best_capacity, pick_top, ranked, schedule, survival
+from dspark.scheduler import best_capacity, convex_rates, pick_top, ranked, schedule, survival
 from dspark.verify_policy import (
     ConfidenceThreshold,
     FixedLength,
@@ -49,6 +50,29 @@ def test_early_stop_never_looks_past_a_drop():
     assert best_capacity(ROWS, 2, SPS, step_cap=10) == 4
     assert pick_top(ROWS, 4) == [2, 2]
     assert schedule(ROWS, SPS, step_cap=10) == [2, 0]
+
+
+def test_convex_rates_keep_the_envelope_and_lift_points_above_it():
+    # Step times 1, 3, 4, 6 at B = 1, 2, 4, 6: the chord from B=1 to B=4 passes 2 at B=2 (3 is above it);
+    # 4 -> 6 rises faster than 1 -> 4, so B=4 stays a vertex.
+    assert convex_rates([1, 2, 4, 6], [1.0, 1 / 3, 0.25, 1 / 6]) == pytest.approx([1.0, 0.5, 0.25, 1 / 6])
+    # A convex table is its own envelope; a lone point or two are too.
+    assert convex_rates([1, 2, 3], [1.0, 0.5, 0.25]) == [1.0, 0.5, 0.25]
+    assert convex_rates([1], [2.0]) == [2.0] and convex_rates([1, 8], [2.0, 1.0]) == [2.0, 1.0]
+
+
+def test_the_walk_crosses_a_concave_kink_of_the_step_time():
+    # Step time 1 at B=1, then a steep rise to 1.5 and a flat stretch (1.6, 1.7): on the table itself the
+    # first draft (tau 1.4 / 1.5 = 0.93 < 1) stops the walk at its local maximum, verifying nothing.
+    tab = CostTable([1, 2, 3, 4], [1.0, 1 / 1.5, 1 / 1.6, 1 / 1.7], max_tokens=4)
+    rows = [survival([0.4, 1.0, 1.0])]
+    assert schedule(rows, tab, step_cap=3) == [0]
+    # The envelope's step times are 1, 1 + 0.7/3, 1 + 1.4/3, 1.7: thetas 1.135, 1.227, 1.294 all rise, and
+    # on the true table three drafts give 2.2 / 1.7 = 1.294 tokens per time unit against 1.0.
+    assert [round(1 / tab.convex(b), 4) for b in (1, 2, 3, 4)] == [1.0, 1.2333, 1.4667, 1.7]
+    assert ScheduledLength().choose(VerifyRound([3], rows, 3, tab)) == [3]
+    # A bare SPS function is walked as given: the same table's raw rates stop at the kink.
+    assert ScheduledLength().choose(VerifyRound([3], rows, 3, lambda b: tab(b))) == [0]
 
 
 def test_step_cap_and_fixed_tokens():

@@ -2,7 +2,9 @@
 
 A request attains its SLA when it finished with TTFT and TPOT within its class's targets; shed (429 by
 the router), refused (429 by the engine), failed (its replica died) and unfinished requests miss it.
-Only requests that arrived after the warm-up count.
+Only requests that arrived after the warm-up count. The attainment of each half of that window shows
+whether the run reached a steady state: an arm over its capacity queues ever more, so its second half
+scores below its first and its overall figure falls as the trace grows (it has no steady state to report).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def summarize(
         "failed": sum(r.outcome == "failed" for r in reqs),
         "unfinished": sum(r.outcome == "pending" for r in reqs),
         "attainment": round(len(ok) / len(reqs), 6) if reqs else None,
+        "attainment_halves": halves(reqs, classes, warmup_s, duration_s),
         "goodput_rps": round(len(ok) / window, 6),
         "throughput_rps": round(len(done) / window, 6),
         "output_tok_s": round(sum(r.generated for r in done) / window, 3),
@@ -53,4 +56,15 @@ def summarize(
         mine = [r for r in reqs if r.sla_class == name]
         good = sum(attained(r, classes[name]) for r in mine)
         out["by_class"][name] = {"requests": len(mine), "attainment": round(good / len(mine), 6)}
+    return out
+
+
+def halves(reqs: list[Request], classes: Mapping[str, Sla], warmup_s: float, duration_s: float) -> list:
+    """Attainment of the requests that arrived in the first and in the second half of the scored window."""
+    middle = (warmup_s + duration_s) / 2
+    out = []
+    for part in ([r for r in reqs if r.arrival < middle], [r for r in reqs if r.arrival >= middle]):
+        out.append(
+            round(sum(attained(r, classes[r.sla_class]) for r in part) / len(part), 6) if part else None
+        )
     return out

@@ -1,6 +1,6 @@
 """bench/sim.py's report: the validation against the real cluster as a table, real and simulated."""
 
-from bench.sim import VALIDATED, validation_lines
+from bench.sim import VALIDATED, markdown, validation_lines
 
 
 def _metric(real: float, sim: float) -> dict:
@@ -28,4 +28,28 @@ def test_the_validation_is_a_table_of_every_metric_real_against_sim():
 def test_a_skipped_validation_says_so():
     assert validation_lines({"skipped": "--skip-validation"}) == [
         'Validation: `{"skipped": "--skip-validation"}`\n'
+    ]
+
+
+def test_each_arm_shows_its_attainment_by_half_of_the_scored_window():
+    def arm(router: str, halves: list | None) -> dict:
+        summary = {"attainment": 0.5, "goodput_rps": 10.0, "ttft_p99_s": 1.0, "tpot_p99_s": 0.03}
+        if halves is not None:
+            summary["attainment_halves"] = halves
+        scenario = {"replicas": 100, "router": router, "scheduler": "fixed", "load": 0.8}
+        return {"scenario": scenario, "summary": summary, "verify_per_round": 6.9}
+
+    report = {
+        "command": "python bench/sim.py",
+        "wall_minutes": 1.0,
+        "arms": [arm("pow2", [0.9, 0.1]), arm("sla", [1.0, None]), arm("round_robin", None)],
+        "summary": {},
+        "scale": {},
+        "validation": {"skipped": "--skip-validation"},
+    }
+    rows = [line for line in markdown(report).splitlines() if line.startswith("| 100 ")]
+    assert rows == [
+        "| 100 | pow2 | fixed | 0.80 | 0.500 | 0.900 / 0.100 | 10.00 | 1.0 | 0.03 | 6.90 |",
+        "| 100 | sla | fixed | 0.80 | 0.500 | 1.000 / - | 10.00 | 1.0 | 0.03 | 6.90 |",
+        "| 100 | round_robin | fixed | 0.80 | 0.500 | - / - | 10.00 | 1.0 | 0.03 | 6.90 |",
     ]

@@ -44,9 +44,10 @@ bench: models
 
 # The cluster simulator's benchmark (bench/sim.py): routing x budget arms at 100 and 1,000 simulated GPU
 # replicas, the router's decision time at 1,000, and validation against real Ray Serve (needs the models).
-# About 23 min on an idle 2-core machine: the simulation ~18 (predicted from per-run CPU times measured at
-# 8+8 s and 16+16 s traces on a busy host: 36 runs at 100 replicas ~24 CPU-min, 3 at 1,000 ~5, on 2
-# workers, then the scale section alone ~3), the validation ~5. `$(PY) bench/sim.py --quick` is a smoke run.
+# About 30 min on an idle 2-core machine: the simulation ~25 (the 20 s traces of session 6 took 11 min, 36
+# runs at 100 replicas 831 CPU-s; the 60 s traces since session 7 cost ~3x per run, measured on 4 arms at
+# 80% load: ~42 CPU-min, ~21 min on 2 workers; then 3 runs at 1,000 ~1.5, the scale section alone ~2.5), the
+# validation ~5. `$(PY) bench/sim.py --quick` is a smoke run.
 sim: install
 	$(PY) bench/sim.py --models $(MODELS)
 

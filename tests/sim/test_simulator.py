@@ -175,6 +175,29 @@ def test_verify_lengths_are_the_engines_own_on_the_same_batch():
     assert replica._lengths(decoding, caps, step_cap=256 - len(decoding)) == want  # memoised: same answer
 
 
+def test_gpu_replica_verifies_past_the_tables_kink():
+    # 100 decoding requests of the GPU-class profile (50 chat, 30 code, 20 math). Its table's step time
+    # rises 20.2 -> 28.8 ms from B = 128 to 256, then only to 33.3 ms at 512: on the table itself the walk
+    # stopped at B = 250 (1/2/2 drafts, 8064 tokens/s); on the envelope it verifies 2/4/6, 10700 tokens/s
+    # by the true table, as much as the fixed block's 10636 at B = 800.
+    profile = load("gpu_dsv4flash_rocm")
+    replica = SimReplica("r", profile, "dspark")
+    domains = ["chat"] * 50 + ["code"] * 30 + ["math"] * 20
+    for i, domain in enumerate(domains):
+        assert replica.admit(Request(i, 0.0, 8, 400, "standard", domain)) is None
+    for s in replica.seqs.values():
+        s.decoding, s.computed, s.generated = True, 8, 1
+    lengths = replica.plan().lengths
+    assert {d: {n for n, dd in zip(lengths, domains) if dd == d} for d in ("chat", "code", "math")} == {
+        "chat": {2},
+        "code": {4},
+        "math": {6},
+    }
+    rows = [survival(profile.acceptance[d][:7]) for d in domains]
+    tau = 100 + sum(sum(row[:n]) for row, n in zip(rows, lengths))
+    assert round(tau * profile.cost_table()(100 + sum(lengths))) == 10700
+
+
 def test_fixed_block_verifies_the_whole_window_and_the_scheduler_prunes_under_load():
     def mean_verified(scheduler, rate):
         cluster, _ = simulate("pow2", scheduler, rate=rate)

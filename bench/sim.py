@@ -105,6 +105,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--skip-validation", action="store_true")
     p.add_argument("--skip-scale", action="store_true")
+    p.add_argument(
+        "--scale-from",
+        type=Path,
+        default=None,
+        help="take the scale section from an earlier report (its timings need an idle machine, the arms' "
+        "simulated figures do not: arms can then run beside other work)",
+    )
     p.add_argument("--models", default="models")
     p.add_argument(
         "--val-drafter", default="dspark", help="ngram: validate a stack without trained drafters (smoke)"
@@ -228,7 +235,7 @@ def settings(args: argparse.Namespace, results: list[dict]) -> dict:
         "profile": args.profile,
         "fleets": {str(n): {**f, "loads": sorted(f["loads"])} for n, f in sorted(fleets.items())},
         "workers": args.workers,
-        "scale_duration_s": None if args.skip_scale else args.scale_duration,
+        "scale_duration_s": None if args.skip_scale or args.scale_from else args.scale_duration,
         "max_num_batched_tokens": args.max_num_batched_tokens or "profile's",
         "quick": args.quick,
     }
@@ -369,7 +376,7 @@ def main(argv: list[str] | None = None) -> None:
         "budgets": budgets(),
         "arms": results,
         "summary": summary(results),
-        "scale": {} if args.skip_scale else scale(args),
+        "scale": scale_section(args),
         "validation": {"skipped": "--skip-validation"} if args.skip_validation else validate(args),
     }
     report["wall_minutes"] = round((time.time() - start) / 60, 2)
@@ -379,6 +386,15 @@ def main(argv: list[str] | None = None) -> None:
     paths = plot(results, args.out)
     print(markdown(report))
     print("wrote", args.out / f"{name}.json", *paths)
+
+
+def scale_section(args: argparse.Namespace) -> dict:
+    """The scale section: measured here, taken from an earlier report (saying which run measured it), or
+    skipped."""
+    if args.scale_from:
+        earlier = json.loads(args.scale_from.read_text())
+        return {**earlier["scale"], "carried_from": earlier["command"]}
+    return {} if args.skip_scale else scale(args)
 
 
 def validate(args: argparse.Namespace) -> dict:

@@ -140,14 +140,15 @@ class AppConfig(BaseModel):
     # step goes out as soon as it is produced (what piled up meanwhile still travels merged).
     stream_interval: int = Field(1, ge=1)
     # One multiplexed stream per (ingress replica, target replica) pair carries every stream's events after
-    # the first, a step's worth in one message (deployments/stream_mux.py); applies with the SLA router,
-    # the builtin engine and a fixed replica count (`stream_mux_applies`); otherwise one stream per request.
+    # the first, a step's worth in one message (deployments/stream_mux.py); applies with the builtin
+    # engine, and with the "serve" transport only with the SLA router and a fixed replica count
+    # (`stream_mux_applies`); otherwise one stream per request.
     stream_mux: bool = True
     # What carries a multiplexed stream's events after the first: "socket", a TCP connection from the
     # target replica to the ingress replica (deployments/mux_socket.py: a message costs the replica one
     # socket write, not Serve's streaming plumbing, whose Python holds the lock the engine thread needs);
     # "serve", a streaming call through Serve pinned to the replica (for networks where the replicas'
-    # ports cannot be reached from the ingress).
+    # ports cannot be reached from the ingress; it needs the SLA router's pin and no autoscaler).
     stream_mux_transport: Literal["socket", "serve"] = "socket"
     api_keys: list[str] = Field(default_factory=list, description="bearer tokens accepted; empty: open")
     # Tokens kept out of the config itself: a file with one per line (a mounted Kubernetes Secret),
@@ -300,15 +301,18 @@ class AppConfig(BaseModel):
 
     @property
     def stream_mux_applies(self) -> bool:
-        """Whether streams travel multiplexed: only our router pins a subscription to its replica
-        (router/serve_router.py), and the SGLang replica streams per request. Nor with Serve's autoscaler
-        on the target replicas: it counts a subscription as an ongoing request (one more per ingress on
-        every busy replica), which would keep replicas it should take away."""
-        return (
-            self.stream_mux
-            and self.router == "sla"
-            and self.backend == "builtin"
-            and self.autoscaling_config is None
+        """Whether streams travel multiplexed. Not from the SGLang replica, which streams per request.
+        Over the socket transport with any router and under Serve's autoscaler: a subscription is a
+        connection, neither routed nor counted as a request, while each request's own call still runs
+        until the request ends (the autoscaler and the routers count it, Serve's drain waits for it).
+        Through Serve ("serve") only with our router, the one that honours a subscription's pin
+        (router/serve_router.py), and not under the autoscaler, which would count every subscription
+        as an ongoing request (one more per ingress on each busy replica) and keep replicas it should
+        take away."""
+        if not self.stream_mux or self.backend != "builtin":
+            return False
+        return self.stream_mux_transport == "socket" or (
+            self.router == "sla" and self.autoscaling_config is None
         )
 
     @property

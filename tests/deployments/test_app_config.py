@@ -160,12 +160,26 @@ def test_engine_options_by_rank_make_heterogeneous_replicas(qwen3_dir):
     assert (
         unmuxed._bound_deployment.init_args[0]._bound_deployment._deployment_config.max_ongoing_requests == 5
     )
-    # Streams are multiplexed only where a subscription can be pinned and is not mistaken for load.
-    assert AppConfig(model="m").stream_mux_applies
-    assert not AppConfig(model="m", router="pow2").stream_mux_applies
-    autoscaled = AppConfig(model="m", autoscaling_config={"min_replicas": 1, "max_replicas": 2})
-    assert not autoscaled.stream_mux_applies
     with pytest.raises(pydantic.ValidationError, match="stream_mux_transport"):
         AppConfig(model="m", stream_mux_transport="ray")
     # The router's settings stay out of the replicas' arguments (changing them restarts no replica).
     assert "router" not in replica.init_args[0] and "sla_classes" not in replica.init_args[0]
+
+
+@pytest.mark.parametrize("router", ["sla", "pow2", "round_robin"])
+def test_socket_streams_are_multiplexed_with_any_router_and_under_the_autoscaler(qwen3_dir, router):
+    """A socket subscription is no Serve call: no router has to pin it and the autoscaler never sees it.
+    Through Serve a subscription needs the SLA router's pin and must not count as load."""
+    autoscaling = {"min_replicas": 1, "max_replicas": 2}
+    for autoscaling_config in (None, autoscaling):
+        socket = AppConfig(model="m", router=router, autoscaling_config=autoscaling_config)
+        assert socket.stream_mux_transport == "socket" and socket.stream_mux_applies
+        through_serve = socket.model_copy(update={"stream_mux_transport": "serve"})
+        assert through_serve.stream_mux_applies == (router == "sla" and autoscaling_config is None)
+        assert not socket.model_copy(update={"stream_mux": False}).stream_mux_applies
+    assert not AppConfig(model=str(qwen3_dir), backend="sglang", router=router).stream_mux_applies
+    # Under the autoscaler a replica admits its engine's requests only: no subscription holds a Serve
+    # call that would count as load (and keep a replica the autoscaler should take away).
+    app = build_app({"model": str(qwen3_dir), "router": router, "autoscaling_config": autoscaling})
+    replica = app._bound_deployment.init_args[0]._bound_deployment
+    assert replica._deployment_config.max_ongoing_requests == AppConfig(model="m").replica_max_ongoing == 64

@@ -2,18 +2,21 @@
 replica that runs any of this ingress' streams, opened when the first of them starts and ended by the
 replica when the last one ends.
 
-Why a subscription through the handle, pinned by our router (router/serve_router.py `pinned_replica`),
-rather than a call on the replica's actor: Serve's actor protocol (pickled request metadata, slot
-accounting) is internal, while a handle call is the public path and keeps Serve's bookkeeping whole; the
-router only has to honour the pin. The request itself is still placed by the routing policy: its own
-handle call carries the first event and this replica's id (`stream_mux.pack_first`), then stays open,
-sending nothing, until the request ends, so cancelling it still aborts the request and Serve still
-counts it as running there. Only the SLA router honours pins, so only it enables the mux, and not
-under Serve's autoscaler, which would count subscriptions as load (AppConfig.stream_mux_applies);
-otherwise one stream per request.
+The request itself is placed by the app's router (any of them): its own handle call carries the first
+event and this replica's id (`stream_mux.pack_first`), then stays open, sending nothing, until the
+request ends, so cancelling it still aborts the request, Serve still counts it as running there (for
+the routers and the autoscaler) and a replica being taken away waits for it in its drain.
 
-With `stream_mux_transport: socket` (the default) a subscription is instead a TCP connection to the
-replica (deployments/mux_socket.py), whose address the first event carries: no Serve call, no pin.
+With `stream_mux_transport: socket` (the default) a subscription is a TCP connection to the replica
+(deployments/mux_socket.py), whose address the first event carries: no Serve call, so no router has
+to place it and the autoscaler never counts it; it works with every router and under the autoscaler.
+
+With `serve` it is a handle call pinned by our router (router/serve_router.py `pinned_replica`) rather
+than a call on the replica's actor: Serve's actor protocol (pickled request metadata, slot accounting) is
+internal, while a handle call is the public path and keeps Serve's bookkeeping whole; the router only
+has to honour the pin. Only the SLA router honours pins, and the autoscaler would count subscriptions
+as load, so that transport applies with the SLA router and a fixed replica count only
+(AppConfig.stream_mux_applies); otherwise one stream per request.
 
 Each subscription runs in a task of its own, outside any request's context: Serve would otherwise tag
 it with the internal id of the request that happened to open it, and its end would count as that

@@ -1,5 +1,7 @@
 """Serve's autoscaler on the target replicas: a burst of requests scales 1 -> 2 and back, and every
 request of the burst and of the traffic that goes on while the extra replica drains completes intact.
+The streams are multiplexed (socket subscriptions, which the autoscaler does not count as load): both
+replicas, the one taken away too, show muxed events.
 
 The delays are small so the test is short; what is exercised is Serve's own policy on the handle
 metrics of the ingress, with the app built by build_app from an `autoscaling_config` in its args.
@@ -12,6 +14,7 @@ from serving import Traffic, app_args, wait_until
 
 import dspark_client
 from deployments.app import build_app
+from deployments.config import AppConfig
 
 APP = "auto"
 PROMPT = "import bisect\n"
@@ -31,6 +34,13 @@ def replica_states() -> dict[str, int]:
     return dict(serve.status().applications[APP].deployments["TargetReplica"].replica_states)
 
 
+def muxed_events() -> dict[str, int]:
+    """Events each running target replica sent on its ingress' subscriptions since it started."""
+    handle = serve.get_deployment_handle("TargetReplica", APP)
+    states = handle.broadcast("get_state").results(timeout_s=60)
+    return {state["replica_id"]: state["stream_mux"]["events"] for state in states}
+
+
 def greedy(client) -> str:
     return client.generate(PROMPT, **REQUEST).text
 
@@ -47,6 +57,7 @@ def test_burst_scales_targets_up_and_back_without_losing_a_request(serve_stack):
         autoscaling_config=AUTOSCALING,
         graceful_shutdown_timeout_s=10.0,  # a draining replica finishes what it holds
     )
+    assert AppConfig(**args).stream_mux_applies  # over the socket transport, the default
     serve.run(build_app(args), name=APP, route_prefix="/auto")
     try:
         assert replica_states() == {"RUNNING": 1}
@@ -60,6 +71,13 @@ def test_burst_scales_targets_up_and_back_without_losing_a_request(serve_stack):
                 timeout_s=90,
                 interval_s=0.2,
                 what="a second replica",
+            )
+            # Both replicas stream muxed, the one the autoscaler will take away too.
+            wait_until(
+                lambda: (events := muxed_events()) and len(events) == 2 and min(events.values()) > 0,
+                timeout_s=60,
+                interval_s=0.2,
+                what="muxed events from both replicas",
             )
         finally:
             burst.finish()

@@ -3,7 +3,8 @@ real Frontend in this process, with a handle to an app of one target replica, so
 on that replica and this process' SLA router pins the subscription. Concurrent streams travel on one
 subscription, greedy output stays identical to the offline engine, and a stream whose client leaves
 or that is aborted by id ends alone, on the replica too, while the others run on; a replica that dies
-ends its own streams with an error and no other (its socket subscription breaks)."""
+ends its own streams with an error and no other (its socket subscription breaks). With Serve's own
+power-of-two router, which pins nothing, the socket subscriptions carry the streams just the same."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from deployments.replicas import SERVE_NAMESPACE, replica_actor_names, routing_s
 from deployments.validation import Limits, completion_request
 from dspark import LLM, SamplingParams
 
-MUXED, DYING = "muxed", "dying"
+MUXED, DYING, POW2 = "muxed", "dying", "pow2"
 LONG = dict(max_tokens=480, temperature=1.0, ignore_eos=True)  # cannot finish within the test's patience
 GREEDY = dict(max_tokens=40, temperature=0.0, ignore_eos=True)
 PROMPT = "def wrap(text, width):"
@@ -147,3 +148,59 @@ def test_a_replica_dying_ends_its_streams_with_an_error_and_spares_the_others(se
                 assert got == list(expected.token_ids)
     finally:
         serve.delete(DYING)
+
+
+def mux_counts(handle) -> dict[str, dict]:
+    """Every replica's stream_mux counters (get_state), by replica id."""
+    states = handle.broadcast("get_state").results(timeout_s=60)
+    return {state["replica_id"]: state["stream_mux"] for state in states}
+
+
+def test_serves_own_router_streams_through_the_socket_subscriptions(serve_stack):
+    args = app_args(serve_stack.model_dir, num_replicas=2, ingress_num_cpus=0, router="pow2")
+    config = AppConfig(**args)
+    assert config.stream_mux_applies and config.stream_mux_transport == "socket"
+    serve.run(build_app(args), name=POW2, route_prefix="/pow2")
+    try:
+        handle = serve.get_deployment_handle("TargetReplica", POW2)
+        wait_until(lambda: len(mux_counts(handle)) == 2, what="two replicas")
+        before = mux_counts(handle)
+        frontend = Frontend(handle, config)
+        params = dict(max_tokens=300, temperature=0.0, ignore_eos=True)  # every stream outlives the opens
+        expected = LLM(str(serve_stack.model_dir), **ENGINE).generate([PROMPT], SamplingParams(**params))[0]
+        request = completion_request({"prompt": PROMPT, **params}, Limits())
+
+        async def run():
+            streams, placed = [], set()
+            while len(placed) < 2:  # pow2 sends a stream to the less busy of the two replicas
+                assert len(streams) < 8, "every stream went to one replica"
+                streams.append(await frontend.open(request))
+                placed.add(frontend.mux.demux._replica_of[streams[-1]._key])
+            on = [frontend.mux.demux._replica_of[s._key] for s in streams]
+            subscribing, addresses = set(frontend.mux._tasks), dict(frontend.mux._addresses)
+
+            async def read(stream):
+                return [e async for e in stream.events()]
+
+            events = await asyncio.gather(*(read(s) for s in streams))
+            for _ in range(1000):  # each subscription ends with its replica's last stream
+                if not frontend.mux._tasks:
+                    break
+                await asyncio.sleep(0.01)
+            assert frontend.mux._tasks == {} and frontend.mux._addresses == {}
+            return on, subscribing, addresses, events
+
+        on, subscribing, addresses, events = asyncio.run(run())
+        assert subscribing == set(on) == set(before) and set(addresses) == set(on)
+        for got in events:
+            assert [t for e in got for t in e.token_ids] == list(expected.token_ids)
+            assert "".join(e.text for e in got) == expected.text and got[-1].finish_reason == "length"
+        after = mux_counts(handle)
+        for replica_id in before:
+            delta = {k: after[replica_id][k] - before[replica_id][k] for k in ("subscriptions", "events")}
+            # One socket subscription per replica carried every event after each stream's first.
+            later = sum(len(got) - 1 for got, r in zip(events, on) if r == replica_id)
+            assert delta == {"subscriptions": 1, "events": later}, (replica_id, delta)
+            assert after[replica_id]["channels"] == 0
+    finally:
+        serve.delete(POW2)

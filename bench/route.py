@@ -8,7 +8,8 @@ two settings:
 Arms (`router:` in the app config): pow2 (Serve's default), round_robin (Serve's), sla (ours). One arm
 at a time: the app is deleted and deployed again with that router (each arm starts on fresh replicas,
 their SPS tables read from the cache, the replicas' kinds checked against the setting), warmed up, then
-every load point runs --repeats times.
+every load point runs --repeats times. Every arm streams the same way (multiplexed over the socket
+transport, which needs no router's pin), so the arms differ in routing only.
 
 Load (bench/route_workload.py): seeded open-loop Poisson arrivals for --window-s seconds per point, two
 SLA classes (interactive: tight targets, may be refused; batch: loose, never refused), log-normal prompt
@@ -120,10 +121,9 @@ def app_args(args: argparse.Namespace, setting: str, arm: str, targets: list[Sla
         "engine": {"max_num_seqs": args.max_num_seqs, "cost_table_profile": "coarse"},
         "engine_by_rank": by_rank,
         "router": arm,
-        # Every arm streams the same way (one Ray stream per request): the multiplexed streams apply only
-        # with the SLA router (they need its pins), so with them on the SLA arm's gain would include a
-        # cheaper serving path that Serve's routers cannot have, and be credited to routing.
-        "stream_mux": False,
+        # Every arm streams the same lean way: the multiplexed streams over the socket transport (the
+        # default) need no router's pin, so they apply with Serve's routers as with ours
+        # (AppConfig.stream_mux_applies, checked in `deploy`) and the arms differ in routing only.
         "sla_classes": {
             t.name: {
                 "ttft_ms": t.ttft_s * 1e3,
@@ -167,7 +167,10 @@ def deploy(args: dict, setting: str) -> None:
     from ray import serve
 
     from deployments.app import build_app
+    from deployments.config import AppConfig
 
+    if not AppConfig(**args).stream_mux_applies:  # an arm streaming otherwise would not compare
+        raise RuntimeError(f"router {args['router']}: the streams would not be multiplexed")
     if APP in serve.status().applications:
         serve.delete(APP)
     serve.run(build_app(args), name=APP, route_prefix="/")
@@ -435,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "settings": {
             "replicas": 2,
+            "streams": "multiplexed over the socket transport, every arm",
             "heterogeneous": f"rank 0: {fast}; rank 1: no drafter",
             "uniform": f"both: {fast}",
             "max_num_seqs": args.max_num_seqs,

@@ -360,6 +360,9 @@ class TargetReplica:
         telemetry = getattr(self, "telemetry", None)
         if telemetry is not None:
             telemetry.shutdown()  # exports what is pending
+        # Stops listening only; open subscriptions keep their connections. Muxed requests' calls, which
+        # the drain waited for, each ended once its last event was queued for its subscription, which
+        # writes it on the event loop's next turn, well within the drain's seconds-long polling.
         mux_server = getattr(self, "_mux_server", None)
         if mux_server is not None:
             mux_server.close()

@@ -3,12 +3,14 @@ real Frontend in this process, with a handle to an app of one target replica, so
 on that replica and this process' SLA router pins the subscription. Concurrent streams travel on one
 subscription, greedy output stays identical to the offline engine, and a stream whose client leaves
 or that is aborted by id ends alone, on the replica too, while the others run on; a replica that dies
-ends its own streams with an error and no other (its socket subscription breaks). With Serve's own
+ends its own streams with an error and no other (its socket subscription breaks), while one Serve stops
+(scale-in, a redeploy) drains them: they end intact. With Serve's own
 power-of-two router, which pins nothing, the socket subscriptions carry the streams just the same."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import ray
@@ -24,7 +26,7 @@ from deployments.replicas import SERVE_NAMESPACE, replica_actor_names, routing_s
 from deployments.validation import Limits, completion_request
 from dspark import LLM, SamplingParams
 
-MUXED, DYING, POW2 = "muxed", "dying", "pow2"
+MUXED, DYING, POW2, STOPPED = "muxed", "dying", "pow2", "stopped"
 LONG = dict(max_tokens=480, temperature=1.0, ignore_eos=True)  # cannot finish within the test's patience
 GREEDY = dict(max_tokens=40, temperature=0.0, ignore_eos=True)
 PROMPT = "def wrap(text, width):"
@@ -204,3 +206,53 @@ def test_serves_own_router_streams_through_the_socket_subscriptions(serve_stack)
             assert after[replica_id]["channels"] == 0
     finally:
         serve.delete(POW2)
+
+
+def test_a_replica_being_stopped_drains_its_streams_intact(serve_stack):
+    """Serve stops a replica (the autoscaler's scale-in, a redeploy, a deleted app) by draining it: it
+    waits for the requests' own calls, each open until its request ends, before the replica goes. A
+    stream running then still ends intact on its socket subscription, which no drain waits for."""
+    args = app_args(
+        serve_stack.model_dir, num_replicas=1, ingress_num_cpus=0, graceful_shutdown_timeout_s=60.0
+    )
+    serve.run(build_app(args), name=STOPPED, route_prefix="/stopped")
+    frontend = Frontend(serve.get_deployment_handle("TargetReplica", STOPPED), AppConfig(**args))
+    params = dict(max_tokens=480, temperature=0.0, ignore_eos=True)
+    expected = LLM(str(serve_stack.model_dir), **ENGINE).generate([PROMPT], SamplingParams(**params))[0]
+    greedy = completion_request({"prompt": PROMPT, **params}, Limits())
+    # Sampled streams beside it keep the replica busy for longer (few drafts accepted; the KV pages
+    # hold three such streams).
+    sampled = completion_request({"prompt": "import os\n", **LONG}, Limits())
+
+    def deleting() -> bool:  # the controller now stops the app's replica
+        app = serve.status().applications.get(STOPPED)
+        return app is None or app.status == "DELETING"
+
+    async def run():
+        streams = [await frontend.open(greedy)] + [await frontend.open(sampled) for _ in range(2)]
+
+        async def read(stream):
+            events = [e async for e in stream.events()]
+            return events, time.monotonic()
+
+        reading = asyncio.gather(*(read(s) for s in streams))
+        await asyncio.to_thread(serve.delete, STOPPED, False)
+        await asyncio.to_thread(wait_until, deleting, 30, 0.05, "the app to be deleting")
+        stopping_at = time.monotonic()
+        return await reading, stopping_at
+
+    try:
+        outcomes, stopping_at = asyncio.run(run())
+        # The sampled streams still ran when Serve began to stop the replica (a drain to go through:
+        # with graceful_shutdown_timeout_s 0.3 the replica is killed under them and they end with
+        # StreamLostError instead), and every stream ended intact.
+        assert all(stopping_at < ended_at for _, ended_at in outcomes[1:])
+        greedy_events = outcomes[0][0]
+        assert [t for e in greedy_events for t in e.token_ids] == list(expected.token_ids)
+        for events, _ in outcomes:
+            assert events[-1].finish_reason == "length"
+            assert sum(len(e.token_ids) for e in events) == events[-1].completion_tokens == 480
+        wait_until(lambda: STOPPED not in serve.status().applications, what="the drained replica to go")
+    finally:
+        if STOPPED in serve.status().applications:
+            serve.delete(STOPPED)

@@ -1,10 +1,10 @@
 """Multiplexed streams through real Ray Serve (deployments/stream_mux.py, deployments/mux_client.py): a
 real Frontend in this process, with a handle to an app of one target replica, so every stream lands
-on that replica and this process' SLA router pins the subscription. Concurrent streams travel on one
-subscription, greedy output stays identical to the offline engine, and a stream whose client leaves
-or that is aborted by id ends alone, on the replica too, while the others run on; a replica that dies
-ends its own streams with an error and no other (its socket subscription breaks), while one Serve stops
-(scale-in, a redeploy) drains them: they end intact. With Serve's own
+on that replica (through Serve, this process' SLA router pins the subscription there). Concurrent
+streams travel on one subscription, greedy output stays identical to the offline engine, and a stream
+whose client leaves or that is aborted by id ends alone, on the replica too, while the others run on.
+A replica that dies ends its own streams with an error and no other (its socket subscription breaks);
+one that Serve stops (scale-in, a redeploy) drains them and they end intact. With Serve's own
 power-of-two router, which pins nothing, the socket subscriptions carry the streams just the same."""
 
 from __future__ import annotations

@@ -292,7 +292,7 @@ class Controller:
 
 def _differs(in_force: dict, wanted: dict) -> bool:
     """Whether a replica's reported budget is not the one the controller wants it to hold."""
-    fields = ("max_step_tokens", "max_request_tokens")
+    fields = ("max_step_tokens", "max_request_tokens", "max_step_s")
     return any(in_force.get(f) != wanted.get(f) for f in fields) or dict(
         in_force.get("max_request_tokens_by_class") or {}
     ) != dict(wanted.get("max_request_tokens_by_class") or {})

@@ -15,7 +15,8 @@ HostConfidenceBudgetPlanner). Its meaning differs from our DraftBudget's, so the
   cleared (SGLang's own SPS-optimal budget).
 - Refused, by field and with a reason code (`Refusal`): `max_request_tokens_by_class` (one budget for
   the whole batch, no SLA classes), a cap of 0 (frac must be in (0, 1]: plain decoding, i.e. drafting
-  off, is not reachable at runtime), and anything but "no limit" where SGLang verifies every drafted
+  off, is not reachable at runtime), `max_step_s` (SGLang's prefill chunk, chunked_prefill_size, is a
+  launch argument with no runtime setter), and anything but "no limit" where SGLang verifies every drafted
   token and accepts the knob as a no-op: static mode, and compact mode without a profiled SPS table
   (dspark_planner.py: a missing or flat table makes its planner verify-all). `split` applies the rest.
 """
@@ -57,12 +58,13 @@ class Refused(InvalidRequestError):
 IGNORED = "sglang_knob_ignored"  # static mode, or compact without a profiled table: SGLang verifies all
 NO_CLASSES = "sglang_no_class_budget"
 NO_PLAIN = "sglang_no_runtime_plain_decoding"
+NO_STEP_TIME = "sglang_no_runtime_step_time"
 
 
 def split(budget: DraftBudget, verify_mode: str, sps_profiled: bool) -> tuple[DraftBudget, list[Refusal]]:
     """The part of `budget` SGLang can apply at runtime, and one refusal per field it cannot."""
     refusals: list[Refusal] = []
-    for name in ("max_step_tokens", "max_request_tokens", "max_request_tokens_by_class"):
+    for name in ("max_step_tokens", "max_request_tokens", "max_request_tokens_by_class", "max_step_s"):
         try:
             force_budget_frac(_only(budget, name), 1, verify_mode, sps_profiled, running=1)
         except Refused as exc:
@@ -75,6 +77,7 @@ def split(budget: DraftBudget, verify_mode: str, sps_profiled: bool) -> tuple[Dr
         max_request_tokens_by_class={}
         if "max_request_tokens_by_class" in refused
         else budget.max_request_tokens_by_class,
+        max_step_s=None if "max_step_s" in refused else budget.max_step_s,
     )
     return kept, refusals
 
@@ -87,6 +90,12 @@ def force_budget_frac(
     SPS table it schedules with."""
     if budget.unlimited:
         return None
+    if budget.max_step_s is not None:
+        raise Refused(
+            "max_step_s",
+            "SGLang's prefill chunk per step (chunked_prefill_size) is set at launch, no runtime setter",
+            NO_STEP_TIME,
+        )
     if verify_mode != "compact":
         raise Refused(
             _first_limit(budget),

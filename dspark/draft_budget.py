@@ -1,8 +1,11 @@
 """DraftBudget: the runtime control on how many drafted tokens the target verifies.
 
 Anchors are never counted: every running request always runs its last token, so a budget of 0
-means plain decoding. The engine reads its budget at the start of every step, so a new one takes
-effect on the next step while requests keep running (`Engine.set_draft_budget`).
+means plain decoding. `max_step_s` limits a step's predicted time (its cost table's), which bounds the
+prefill it carries beside the decoding requests (dspark/step_budget.py); the cluster controller sets it
+from the tightest TPOT target among the SLA classes running there. The engine reads its budget at the
+start of every step, so a new one takes effect on the next step while requests keep running
+(`Engine.set_draft_budget`).
 """
 
 from __future__ import annotations
@@ -21,8 +24,15 @@ class DraftBudget:
     max_request_tokens: int | None = None  # per request per round
     # SamplingParams.sla_class -> per-request limit for that class (overrides max_request_tokens).
     max_request_tokens_by_class: Mapping[str, int] = field(default_factory=dict)
+    # Seconds a step may take (predicted by the cost table): bounds its prefill tokens.
+    max_step_s: float | None = None
 
     def __post_init__(self) -> None:
+        step_s = self.max_step_s
+        if step_s is not None and (
+            isinstance(step_s, bool) or not isinstance(step_s, int | float) or not 0 < step_s < float("inf")
+        ):
+            raise InvalidRequestError("max_step_s", f"must be seconds > 0 or None, got {step_s!r}")
         object.__setattr__(self, "max_request_tokens_by_class", dict(self.max_request_tokens_by_class))
         limits = {"max_step_tokens": self.max_step_tokens, "max_request_tokens": self.max_request_tokens}
         limits.update(
@@ -37,7 +47,7 @@ class DraftBudget:
     @staticmethod
     def from_dict(budget: Mapping) -> DraftBudget:
         """A budget as the admin API sends it (JSON); an unknown field is refused by name."""
-        known = {"max_step_tokens", "max_request_tokens", "max_request_tokens_by_class"}
+        known = {"max_step_tokens", "max_request_tokens", "max_request_tokens_by_class", "max_step_s"}
         if unknown := sorted(set(budget) - known):
             raise InvalidRequestError(unknown[0], f"unknown field; known: {sorted(known)}")
         return DraftBudget(**budget)
@@ -56,4 +66,5 @@ class DraftBudget:
             "max_step_tokens": self.max_step_tokens,
             "max_request_tokens": self.max_request_tokens,
             "max_request_tokens_by_class": dict(self.max_request_tokens_by_class),
+            "max_step_s": self.max_step_s,
         }

@@ -38,6 +38,7 @@ from dspark.sampling import greedy, probs_from_logits, sample
 from dspark.sampling_params import SamplingParams
 from dspark.sequence import Sequence, Status
 from dspark.stats import EngineStats, count_positions
+from dspark.step_budget import prefill_tokens
 from dspark.tp import TPContext, rank_runner
 from dspark.verify import verify
 from dspark.verify_policy import SCHEDULED_MODES, VerifyLengthPolicy, VerifyRound, make_policy, window_limit
@@ -262,6 +263,7 @@ class Engine:
         draft_time = time.perf_counter() - t_draft
         round_ = self._verify_round(proposals, caps, step_cap)
         lengths = self.policy.choose(round_)
+        budget = self._step_tokens(len(decoding) + sum(lengths), budget)
 
         items, chunks = self._batch(decoding, proposals, lengths, prefilling, budget)
         if not items:
@@ -355,6 +357,16 @@ class Engine:
         for seq, item in zip(decoding + chunks, items):
             item.page_table = self.pages.ensure(seq.request_id, item.start + len(item.token_ids))
         return items, chunks
+
+    def _step_tokens(self, decode_tokens: int, budget: int) -> int:
+        """The step's token budget: the engine's, less the prefill that would take the step past the
+        draft budget's max_step_s on the cost table (dspark/step_budget.py); at least one KV page of
+        prefill. Chunking changes when a prompt's tokens are computed, never which tokens are sampled."""
+        max_step_s = self.draft_budget.max_step_s
+        if max_step_s is None or self.cost_table is None:
+            return budget
+        page = self.config.kv_page_size
+        return decode_tokens + prefill_tokens(self.cost_table, decode_tokens, max_step_s, budget, page)
 
     def _outputs(self) -> list[RequestOutput]:
         """The requests that changed this step, in arrival order; finished ones leave the engine."""

@@ -27,7 +27,12 @@ from dspark_client.proto import ControllerAdminStub, admin_pb
 APP = "ctl"
 TOKEN = "operator-secret"
 PROMPT = "def wrap(text, width):"
-DEFAULT_BUDGET = {"max_step_tokens": None, "max_request_tokens": None, "max_request_tokens_by_class": {}}
+DEFAULT_BUDGET = {
+    "max_step_tokens": None,
+    "max_request_tokens": None,
+    "max_request_tokens_by_class": {},
+    "max_step_s": None,
+}
 
 
 def call(url: str, method: str, path: str, body: dict | None = None, token: str | None = TOKEN):

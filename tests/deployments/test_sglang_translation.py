@@ -269,6 +269,11 @@ def test_split_applies_what_sglang_can_and_refuses_the_rest_with_reason_codes():
     assert kept == DraftBudget() and {r.reason for r in refused} == {"sglang_knob_ignored"}
     assert [r.field for r in refused] == ["max_step_tokens", "max_request_tokens"]
     assert split(DraftBudget(max_step_tokens=9), "compact", True) == (DraftBudget(max_step_tokens=9), [])
+    # The step-time limit moves the prefill chunk, a launch argument in SGLang: refused in every mode.
+    for mode in ("compact", "static"):
+        kept, refused = split(DraftBudget(max_request_tokens=3, max_step_s=0.05), mode, True)
+        assert kept.max_step_s is None
+        assert ("max_step_s", "sglang_no_runtime_step_time") in [(r.field, r.reason) for r in refused]
 
 
 def test_the_budget_in_force_says_what_sglang_does():

@@ -170,6 +170,7 @@ def test_draft_budget_per_request_and_class():
         "max_step_tokens": 8,
         "max_request_tokens": 3,
         "max_request_tokens_by_class": {"batch": 1},
+        "max_step_s": None,
     }
     for bad in (
         dict(max_step_tokens=-1),

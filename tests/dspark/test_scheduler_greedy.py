@@ -146,3 +146,41 @@ def test_async_engine_call_sets_budget(qwen3_dir):
         assert async_engine.call(lambda e: e.stats.to_dict()["draft_budget"]) == budget.to_dict()
     finally:
         async_engine.shutdown()
+
+
+def test_step_time_limit_chunks_prefill_and_keeps_greedy_identity(qwen3_dir):
+    """max_step_s cuts the prefill beside decoding requests to what the table times within it (at least
+    one KV page); the prompts then take more steps, and the tokens stay exactly the target's."""
+    prompts = prompts_of_mixed_length(384)
+    expected = reference(qwen3_dir, prompts)
+    limit = 1.25 / 100.0  # steep_table: 10 ms up to 12 tokens, then x 1/0.93 a token: B <= 15 fits
+    fits = max(b for b in range(1, MAX_TOKENS + 1) if 1.0 / steep_table()(b) <= limit)
+    assert fits == 15
+
+    def run(budget: DraftBudget) -> tuple[list, list[tuple[int, int, int]]]:
+        engine = scheduled_engine(qwen3_dir, prompts, expected, "dspark")
+        engine.set_draft_budget(budget)
+        steps = []  # (decoding tokens, prefill tokens, prompt tokens waiting)
+        batch = engine._batch
+
+        def recorded(decoding, proposals, lengths, prefilling, total):
+            items, chunks = batch(decoding, proposals, lengths, prefilling, total)
+            decode = len(decoding) + sum(lengths)
+            waiting = sum(len(s.prompt_token_ids) - s.num_computed for s in prefilling)
+            steps.append((decode, sum(len(i.token_ids) for i in items) - decode, waiting))
+            return items, chunks
+
+        engine._batch = recorded
+        return run_staggered(engine, prompts), steps
+
+    free, free_steps = run(DraftBudget())
+    limited, steps = run(DraftBudget(max_step_s=limit))
+    assert free == expected and limited == expected
+    page = 8
+    # Without the limit some step carried more prefill beside decoding requests than the limit allows.
+    assert any(d > 0 and p > max(fits - d, page) for d, p, _ in free_steps)
+    for decode, prefill, waiting in steps:
+        room = MAX_TOKENS - decode
+        allowed = room if decode == 0 else min(room, max(fits - decode, page))
+        assert prefill == min(waiting, allowed)
+    assert len(steps) > len(free_steps)

@@ -2,8 +2,9 @@
 
 Caps are the engine's draft budget (dspark/draft_budget.py) as the controller sets it: limits on
 drafted tokens verified per step, per request, per request of an SLA class; drafting off is a step
-cap of 0 (plain decoding). `None` means no limit beyond the engine's own, so `Caps()` is the
-engine's default, where the controller falls back when it cannot see a replica.
+cap of 0 (plain decoding); `max_step_s` limits a step's predicted time, which bounds the prefill it
+carries beside decoding requests (dspark/step_budget.py). `None` means no limit beyond the engine's
+own, so `Caps()` is the engine's default, where the controller falls back when it cannot see a replica.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class Reason(str, enum.Enum):
     GROW = "load_down_grow"  # a larger budget at this load (lighter load, or caps set for a lighter one)
     SLA_PRIORITY = "sla_interactive_priority"  # batch requests' drafts cut so interactive ones meet TPOT
     SLA_RELEASE = "sla_priority_release"  # interactive TPOT met with margin: batch caps lifted
+    STEP_TIME = "sla_step_time"  # the step-time limit follows the tightest TPOT target running there
     COLLAPSE = "acceptance_collapse"  # rolling acceptance collapsed: drafting off
     DRAFTING_OFF = "drafting_off_hold"  # off, waiting for the next probe
     PROBE = "probe_drafting"  # drafting back on to measure acceptance again
@@ -39,13 +41,20 @@ class Caps:
     by_class: Mapping[str, int] = field(default_factory=dict)
     drafting: bool = True
     interactive_priority: bool = False  # by_class favours interactive classes over batch ones
+    max_step_s: float | None = None  # from the tightest TPOT target running there (Policy._step_time)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "by_class", dict(sorted(self.by_class.items())))
 
     def __hash__(self) -> int:
         return hash(
-            (self.max_step_tokens, self.max_request_tokens, tuple(self.by_class.items()), self.drafting)
+            (
+                self.max_step_tokens,
+                self.max_request_tokens,
+                tuple(self.by_class.items()),
+                self.drafting,
+                self.max_step_s,
+            )
         )
 
     def budget(self) -> dict:
@@ -54,6 +63,7 @@ class Caps:
             "max_step_tokens": 0 if not self.drafting else self.max_step_tokens,
             "max_request_tokens": self.max_request_tokens,
             "max_request_tokens_by_class": dict(self.by_class),
+            "max_step_s": self.max_step_s,
         }
 
     def to_dict(self) -> dict:
@@ -63,6 +73,7 @@ class Caps:
             "by_class": dict(self.by_class),
             "drafting": self.drafting,
             "interactive_priority": self.interactive_priority,
+            "max_step_s": self.max_step_s,
         }
 
     @classmethod
@@ -78,6 +89,7 @@ class Caps:
             budget.get("max_request_tokens"),
             dict(budget.get("max_request_tokens_by_class") or {}),
             drafting=step != 0,
+            max_step_s=budget.get("max_step_s"),
         )
 
     def but(self, **changes) -> Caps:

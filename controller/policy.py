@@ -9,7 +9,9 @@ predicts (controller/model.py), so a well-informed engine is rarely held back by
 engine chose inside the caps, so the two loops cannot drive each other round in circles. What only
 the controller sees: the SLA classes (drafts of batch requests cut so interactive ones meet their
 TPOT), acceptance that collapsed (drafting off, with probes to notice recovery), telemetry that went
-stale (the engine's defaults), forwards slower than the table says.
+stale (the engine's defaults), forwards slower than the table says, and how long a step may take
+(`max_step_s`, Sarathi-Serve's principle: the prefill a step carries beside decoding requests is sized
+from the tightest TPOT target among the classes running there; `_step_time` says how).
 
 Stability (controller/stability.py): a dead band; one move per replica per period; a move goes only
 as far as the last `confirm_windows` windows all ask for (two: one noisy window moves nothing, a step
@@ -48,6 +50,7 @@ class PolicyConfig:
     max_probe_after: int = 80
     sla_classes: Mapping[str, SlaTarget] = field(default_factory=dict)
     sla_release_margin: float = 0.2  # priority lifted once interactive TPOT is 20 % under target
+    step_time_limit: bool = True  # set max_step_s from the SLA classes' TPOT targets (off: prefill unbounded)
 
     def __post_init__(self) -> None:
         if not 1.0 <= self.period_s <= 10.0:
@@ -195,7 +198,26 @@ class Policy:
             if on != current.interactive_priority or by_class != dict(current.by_class):
                 reason = Reason.SLA_PRIORITY if on else Reason.SLA_RELEASE
             target = target.but(by_class=by_class, interactive_priority=on)
-        return target, reason
+        step_s = self._step_time(snap, acceptance)
+        inputs["max_step_s"] = step_s
+        if step_s != current.max_step_s and target == current.but(max_step_s=None):
+            reason = Reason.STEP_TIME  # nothing but the step-time limit moves
+        return target.but(max_step_s=step_s), reason
+
+    def _step_time(self, snap: ReplicaTelemetry, acceptance: list[float]) -> float | None:
+        """How long a step may take: the tightest TPOT target among the classes running there, times
+        the tokens a round gives a request that verifies one draft (1 + α_1, the measured first-slot
+        acceptance). TPOT is per output token and a round emits 1 + accepted tokens, so a step of
+        tpot·(1 + α_1) keeps such a request at its target in expectation; requests verifying more
+        drafts gain more per round and stay further inside. Not the full τ: a step that long would
+        let the prefill take the whole target from a request whose drafts fail, and the step's
+        decoding tokens would be priced as if every request accepted its mean. None: no class with a
+        target runs there, or the limit is off (the engine's token budget alone)."""
+        targets = self.config.sla_classes
+        running = [targets[c].tpot_s for c, s in snap.classes.items() if c in targets and s.running > 0]
+        if not self.config.step_time_limit or not running:
+            return None
+        return round(min(running) * (1.0 + acceptance[0]), 4)
 
     def _sla(
         self,

@@ -16,6 +16,8 @@ request or class cap of `None` is the window γ.
   more than one move.
 
 Flags (drafting, interactive priority) move at once once confirmed: they are either right or wrong.
+So does the step-time limit (`max_step_s`): it follows from the SLA targets of the classes running
+there, not from a load estimate, and its dead band is the step caps' fraction.
 """
 
 from __future__ import annotations
@@ -55,6 +57,11 @@ def within_dead_band(a: Caps, b: Caps, most: int, window: int, limits: Limits) -
         return False
     if _req(a.max_request_tokens, window) != _req(b.max_request_tokens, window):
         return False
+    ta, tb = a.max_step_s, b.max_step_s
+    if (ta is None) != (tb is None) or (
+        ta is not None and abs(ta - tb) > limits.dead_band_frac * max(ta, tb)
+    ):
+        return False
     classes = set(a.by_class) | set(b.by_class)
     return all(_req(a.by_class.get(c), window) == _req(b.by_class.get(c), window) for c in classes)
 
@@ -88,7 +95,11 @@ def agreed(current: Caps, targets: Sequence[Caps], most: int, window: int) -> Ca
         value = req(current.by_class.get(name), [t.by_class.get(name) for t in targets])
         if value is not None:
             by_class[name] = value
-    return Caps(step, request, by_class, flag("drafting"), flag("interactive_priority"))
+    no_limit = 1e9  # seconds: longer than any step, so `None` compares as the loosest limit
+    step_s = _nearest_agreed(
+        current.max_step_s, [t.max_step_s for t in targets], lambda v: no_limit if v is None else v
+    )
+    return Caps(step, request, by_class, flag("drafting"), flag("interactive_priority"), step_s)
 
 
 def toward(current: Caps, target: Caps, most: int, window: int, limits: Limits) -> tuple[Caps, bool]:
@@ -116,5 +127,7 @@ def toward(current: Caps, target: Caps, most: int, window: int, limits: Limits) 
         moved = move(current.by_class.get(name), target.by_class.get(name))
         if moved is not None:
             by_class[name] = moved
-    caps = Caps(step_cap, request_cap, by_class, target.drafting, target.interactive_priority)
+    caps = Caps(
+        step_cap, request_cap, by_class, target.drafting, target.interactive_priority, target.max_step_s
+    )
     return caps, limited

@@ -340,3 +340,24 @@ def test_snapshots_read_from_replica_stats():
     )
     assert routed.acceptance == pytest.approx((0.618,) * 4, abs=1e-3) and routed.verified_drafts == 100
     assert from_routing_stats(base, taken_at=0.0).acceptance == ()
+
+
+def test_step_time_limit_follows_the_tightest_tpot_target_running_there():
+    """max_step_s = the tightest running class's TPOT x (1 + alpha_1), confirmed over two windows like
+    every move; a class that stops running no longer counts; no class with a target: no limit."""
+    targets = {"chat": SlaTarget(0.012, interactive=True), "standard": SlaTarget(0.02)}
+    policy = Policy(PolicyConfig(period_s=PERIOD, sla_classes=targets))
+    both = {"chat": ClassStats(running=2), "standard": ClassStats(running=2)}
+    trace = run(policy, [4] * 3, classes=both)
+    assert [d.reason for d in trace] == [Reason.UNCONFIRMED, Reason.STEP_TIME, Reason.STEADY]
+    assert trace[-1].caps == Caps(max_step_s=0.0216)  # 12 ms x 1.8; the draft caps stay the defaults
+    assert trace[-1].caps.budget()["max_step_s"] == 0.0216 and trace[-1].inputs["max_step_s"] == 0.0216
+    # Acceptance 0.81 asks for 21.7 ms: inside the dead band, nothing moves.
+    assert run(policy, [4] * 2, start=3, classes=both, alpha=0.81)[-1].reason is Reason.DEAD_BAND
+    standard_only = {"chat": ClassStats(running=0), "standard": ClassStats(running=4)}
+    assert run(policy, [4] * 2, start=5, classes=standard_only)[-1].caps.max_step_s == 0.036
+    untargeted = {"batch": ClassStats(running=4)}
+    assert run(policy, [4] * 2, start=7, classes=untargeted)[-1].caps == DEFAULTS
+
+    off = Policy(PolicyConfig(period_s=PERIOD, sla_classes=targets, step_time_limit=False))
+    assert all(d.caps == DEFAULTS for d in run(off, [4] * 3, classes=both))

@@ -111,9 +111,10 @@ def test_caps_reach_the_named_replica_and_greedy_output_is_unchanged(controlled,
     decisions = wait_until(lambda: call(controlled, "GET", "/decisions?limit=4")[1], what="decisions")
     assert {d["reason"] for d in decisions} == {"no_evidence"}  # n-grams: no cost table, nothing to judge
 
-    status, body = call(controlled, "POST", "/pin", {"replica_id": first, "caps": {"max_step_tokens": 1}})
-    assert status == 200 and body["max_step_tokens"] == 1
-    pinned = {**DEFAULT_BUDGET, "max_step_tokens": 1}
+    caps = {"max_step_tokens": 1, "max_step_s": 0.05}
+    status, body = call(controlled, "POST", "/pin", {"replica_id": first, "caps": caps})
+    assert status == 200 and body["max_step_tokens"] == 1 and body["max_step_s"] == 0.05
+    pinned = {**DEFAULT_BUDGET, **caps}
     wait_until(
         lambda: state(controlled)["replicas"][first]["telemetry"]["budget"] == pinned,
         what="the pinned cap on the replica",
@@ -124,6 +125,8 @@ def test_caps_reach_the_named_replica_and_greedy_output_is_unchanged(controlled,
     assert status == 404
     status, body = call(controlled, "POST", "/pin", {"replica_id": first, "caps": {"max_step_tokens": -1}})
     assert status == 400 and body["error"]["param"] == "max_step_tokens"
+    status, body = call(controlled, "POST", "/pin", {"replica_id": first, "caps": {"max_step_s": 0}})
+    assert status == 400 and body["error"]["param"] == "max_step_s"
 
     expected = LLM(str(serve_stack.model_dir), **ENGINE).generate(
         [PROMPT], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)

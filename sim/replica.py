@@ -4,7 +4,8 @@ Real engine code decides everything the engine decides: admission and KV pages (
 PageManager: a request reserves prompt + max_tokens at admission, pages are handed out per step and
 rolled back after verification), the per-request draft caps (Engine._draft_cap: gamma, cut to the tokens
 left and to the DraftBudget), whether to draft at all (dspark.draft_gate.DraftGate), and the verify
-lengths (dspark.verify_policy's policy for the scheduler mode, over the engine's CostTable). What the
+lengths (dspark.verify_policy's policy for the scheduler mode, over the engine's CostTable), and the
+prefill beside them (dspark.step_budget, under the DraftBudget's max_step_s). What the
 step would compute is modelled: its duration (sim/profiles.py) and which drafted tokens the target
 accepts, drawn position by position from the request's domain's acceptance profile.
 
@@ -26,6 +27,7 @@ from dspark.draft_gate import DraftGate
 from dspark.errors import AdmissionError
 from dspark.kv_cache import PageManager
 from dspark.scheduler import survival
+from dspark.step_budget import prefill_tokens
 from dspark.verify_policy import SCHEDULED_MODES, VerifyRound, make_policy, window_limit
 from sim.profiles import Profile
 from sim.workload import Request
@@ -155,7 +157,8 @@ class SimReplica:
             caps = [0] * len(caps)
         lengths = self._lengths(decoding, caps, step_cap)
         tokens = len(decoding) + sum(lengths)
-        left = budget - tokens
+        # The engine's prefill budget (Engine._step_tokens): the room left, cut to the budget's step time.
+        left = prefill_tokens(self.table, tokens, self.budget.max_step_s, budget, self.profile.page_size)
         chunks = []
         for s in prefilling:
             if left <= 0:
@@ -163,9 +166,9 @@ class SimReplica:
             n = min(s.req.prompt_tokens - s.computed, left)
             chunks.append((s, n))
             left -= n
+            tokens += n
         if not decoding and not chunks:
             return None
-        tokens = budget - left
         for s, n in zip(decoding, lengths):
             self.pages.ensure(s.key, s.computed + 1 + n)
         for s, n in chunks:

@@ -37,3 +37,35 @@ def test_the_controller_arm_applies_controller_policy_caps(monkeypatch):
     assert calls["decide"] >= 10 and calls["replicas"] == 3 * calls["decide"]
     assert sum(arm.reasons.values()) == calls["replicas"]  # one decision per replica per period
     assert all(r.outcome in ("done", "shed", "refused") for r in requests)
+
+
+def test_the_controller_arm_sets_the_step_time_limit_the_replicas_plan_with(monkeypatch):
+    """controller/'s own _step_time sets each replica's max_step_s (the tightest running class's TPOT,
+    interactive 30 ms or standard 60 ms, x (1 + alpha_1)); the replica plans its prefill with
+    dspark.step_budget under it."""
+    policy = pytest.importorskip("controller.policy", reason="controller/ has not landed on this branch")
+    import sim.replica
+    from sim.control import ControllerArm
+    from tests.sim.test_simulator import CLASSES, simulate
+
+    limits, seen = [], Counter()
+    step_time = policy.Policy._step_time
+    prefill = sim.replica.prefill_tokens
+
+    def recording(self, snap, acceptance):
+        limit = step_time(self, snap, acceptance)
+        limits.append((limit, acceptance[0]))
+        return limit
+
+    def planned(sps, decode, max_step_s, most, floor):
+        seen[max_step_s is not None] += 1
+        return prefill(sps, decode, max_step_s, most, floor)
+
+    monkeypatch.setattr(policy.Policy, "_step_time", recording)
+    monkeypatch.setattr(sim.replica, "prefill_tokens", planned)
+    cluster, _ = simulate("sla", rate=40.0, controller=ControllerArm(CLASSES), control_period_s=1.0)
+    options = [{None, round(0.03 * (1 + a1), 4), round(0.06 * (1 + a1), 4)} for _, a1 in limits]
+    assert limits and all(limit in allowed for (limit, _), allowed in zip(limits, options))
+    assert any(limit == round(0.03 * (1 + a1), 4) for limit, a1 in limits)
+    assert {r.budget.max_step_s for r in cluster.replicas} <= {limit for limit, _ in limits}
+    assert seen[True] > 0 and seen[False] > 0  # before the first decisions: no limit

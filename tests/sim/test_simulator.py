@@ -12,6 +12,7 @@ import pytest
 
 import dspark.verify_policy
 import router.balancer
+from dspark.draft_budget import DraftBudget
 from dspark.scheduler import survival
 from dspark.verify_policy import VerifyRound, make_policy
 from router.policy import Sla
@@ -249,3 +250,21 @@ def test_published_stats_carry_every_key_a_real_replica_publishes(qwen3_dir):
     assert set(real) <= set(simulated)
     for key in real:
         assert type(simulated[key]) is type(real[key]) or real[key] is None, key
+
+
+def test_gpu_replica_cuts_its_prefill_to_the_budgets_step_time():
+    # 30 decoding chat requests verify the fixed block (30 x 8 = 240 tokens) beside a 3000-token prompt:
+    # the engine's 2048-token step takes 113.8 ms on the profile's table; under a 47 ms step-time limit
+    # the prompt's chunk is the 704 tokens that keep the step at 944 tokens, 47.0 ms (945: past it).
+    profile = load("gpu_dsv4flash_rocm")
+    replica = SimReplica("r", profile, "fixed")
+    for i in range(30):
+        assert replica.admit(Request(i, 0.0, 8, 400, "interactive", "chat")) is None
+    for s in replica.seqs.values():
+        s.decoding, s.computed, s.generated = True, 8, 1
+    assert replica.admit(Request(99, 0.0, 3000, 10, "standard", "code")) is None
+    assert replica.plan().tokens == 2048
+    replica.set_draft_budget(DraftBudget(max_step_s=0.047))
+    plan = replica.plan()
+    assert (plan.tokens, sum(plan.lengths), [n for _, n in plan.chunks]) == (944, 210, [704])
+    assert 1 / replica.table(944) <= 0.047 < 1 / replica.table(945)

@@ -8,8 +8,11 @@ two settings:
 Arms (`router:` in the app config): pow2 (Serve's default), round_robin (Serve's), sla (ours). One arm
 at a time: the app is deleted and deployed again with that router (each arm starts on fresh replicas,
 their SPS tables read from the cache, the replicas' kinds checked against the setting), warmed up, then
-every load point runs --repeats times. Every arm streams the same way (multiplexed over the socket
-transport, which needs no router's pin), so the arms differ in routing only.
+runs every load point. The arms take turns in each of --repeats repeats (pow2 first, then last: this
+machine's speed drifts within minutes, and a drift must fall on every arm alike), every repeat on the
+same schedules, so an arm's repeats are identical work and their spread is the noise band. Every arm
+streams the same way (multiplexed over the socket transport, which needs no router's pin), so the arms
+differ in routing only.
 
 Load (bench/route_workload.py): seeded open-loop Poisson arrivals for --window-s seconds per point, two
 SLA classes (interactive: tight targets, may be refused; batch: loose, never refused), log-normal prompt
@@ -20,7 +23,7 @@ median TPOT of that measurement in the heterogeneous setting: between what the f
 replica deliver at full load, where the choice of replica decides whether it is met. Every arm of a
 setting replays the same schedules (the seed fixes them).
 
-    python bench/route.py --models models            # the full run: ~13 minutes on an idle 2-core box
+    python bench/route.py --models models            # the full run: ~25 minutes on an idle 2-core box
     python bench/route.py --models models --quick    # a smoke run: 1 repeat, 2 short load points
 
 Writes bench/results/route.json (settings, per-arm points, summary with the goodput ratios against
@@ -52,10 +55,13 @@ from bench.route_workload import (  # noqa: E402
     Lengths,
     Outcome,
     SlaTarget,
+    arm_order,
     goodput,
     goodput_interpolated,
     kinds_problem,
     mean_points,
+    noise_band,
+    paired_ratios,
     schedule,
     score,
 )
@@ -75,10 +81,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=8)
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS)
-    # Where goodput is decided: from comfortable load to overload (0.4 x capacity met every target for
-    # every arm and only cost time); 10 s windows give ~50-100 requests per point instead of ~11-50.
-    p.add_argument("--load", type=float, nargs="+", default=[0.7, 1.0, 1.4], help="x capacity")
-    p.add_argument("--window-s", type=float, default=10.0)
+    # Where goodput is decided: from comfortable load to overload, two points where every arm crossed 90 %
+    # attainment before (between 0.7 and 1.0 x capacity); 12 s windows give ~50-130 requests per point.
+    p.add_argument("--load", type=float, nargs="+", default=[0.6, 0.8, 1.0, 1.3], help="x capacity")
+    p.add_argument("--window-s", type=float, default=12.0)
     p.add_argument("--warmup-s", type=float, default=2.0)
     p.add_argument("--calibrate-s", type=float, default=6.0)
     p.add_argument("--repeats", type=int, default=3)
@@ -309,36 +315,44 @@ def run_setting(args, setting: str, target: str, pool: list[int], targets: list[
         "rates_rps": rates,
         "arms": {},
     }
-    for arm in sorted(args.arms, key=lambda a: a != "pow2"):
-        if arm != "pow2":
-            deploy(app_args(args, setting, arm, targets), setting)
-            # Fresh replicas: warm them as the calibration warmed pow2's (first calls at full batch),
-            # or the first arm alone would run on replicas that had a closed loop at capacity.
-            asyncio.run(closed_loop(target, pool, calibration, concurrency, 1.0))
-        warm = schedule(rates[0], args.warmup_s, targets, prompt, output, args.seed + 999)
-        asyncio.run(open_loop(target, pool, warm, timeout_s=60.0))
-        before = replica_stats()
-        repeats = []
-        for r in range(args.repeats):
+    # Interleaved repeats: in each repeat every arm runs every load point in turn (arm_order), each on the
+    # same schedules in every repeat (identical work, so repeats of an arm measure the noise band).
+    arrivals_at = [
+        schedule(rate, args.window_s, targets, prompt, output, args.seed * 1000 + 10 * k)
+        for k, rate in enumerate(rates)
+    ]
+    warm = schedule(rates[0], args.warmup_s, targets, prompt, output, args.seed + 999)
+    repeats: dict[str, list[list[dict]]] = {arm: [] for arm in args.arms}
+    reports: dict[str, list[dict]] = {arm: [] for arm in args.arms}
+    deployed = "pow2"
+    for r in range(args.repeats):
+        for arm in arm_order(args.arms, r):
+            if arm != deployed:
+                deploy(app_args(args, setting, arm, targets), setting)
+                deployed = arm
+                # Fresh replicas: warm them as the calibration warmed pow2's (first calls at full batch).
+                asyncio.run(closed_loop(target, pool, calibration, concurrency, 1.0))
+            asyncio.run(open_loop(target, pool, warm, timeout_s=60.0))
+            before = replica_stats()
             points = []
             for k, rate in enumerate(rates):
-                arrivals = schedule(
-                    rate, args.window_s, targets, prompt, output, args.seed * 1000 + 10 * k + r
-                )
-                outcomes = asyncio.run(open_loop(target, pool, arrivals, timeout_s=60.0))
+                outcomes = asyncio.run(open_loop(target, pool, arrivals_at[k], timeout_s=60.0))
                 points.append(
                     {"rate_rps": rate, "load": args.load[k], **score(outcomes, targets, args.window_s)}
                 )
-                log(f"{setting} {arm} repeat {r} rate {rate}: {points[-1]}")
-            repeats.append(points)
-        points = mean_points(repeats)
+                log(f"{setting} repeat {r} {arm} rate {rate}: {points[-1]}")
+            repeats[arm].append(points)
+            reports[arm].append(replica_report(before, replica_stats()))
+    for arm in args.arms:
+        points = mean_points(repeats[arm])
         result["arms"][arm] = {
             "points": points,
             "goodput_rps": goodput(points),
-            "goodput_rps_by_repeat": [goodput(p) for p in repeats],
+            "goodput_rps_by_repeat": [goodput(p) for p in repeats[arm]],
             "goodput_rps_interpolated": goodput_interpolated(points),
-            "goodput_rps_interpolated_by_repeat": [goodput_interpolated(p) for p in repeats],
-            "replicas": replica_report(before, replica_stats()),
+            "goodput_rps_interpolated_by_repeat": [goodput_interpolated(p) for p in repeats[arm]],
+            "noise_band_met_rps": noise_band(repeats[arm]),
+            "replicas_by_repeat": reports[arm],
         }
     return result
 
@@ -351,6 +365,16 @@ def summary(settings: dict, decision: dict) -> dict:
         base = arms["pow2"][field]
         return round(arms["sla"][field] / base, 3) if base > 0 else None
 
+    def paired(setting: str, field: str = "goodput_rps_by_repeat") -> list[float | None] | None:
+        arms = settings[setting]["arms"]
+        if not {"sla", "pow2"} <= set(arms):
+            return None
+        return paired_ratios(arms["sla"][field], arms["pow2"][field])
+
+    def band(setting: str) -> float | None:
+        bands = [a["noise_band_met_rps"] for a in settings[setting]["arms"].values()]
+        return max((b for b in bands if b is not None), default=None)
+
     return {
         "goodput_ratio_vs_pow2_heterogeneous": ratio("heterogeneous"),
         "goodput_ratio_vs_pow2_uniform": ratio("uniform"),
@@ -359,6 +383,13 @@ def summary(settings: dict, decision: dict) -> dict:
             "heterogeneous", "goodput_rps_interpolated"
         ),
         "goodput_ratio_vs_pow2_uniform_interpolated": ratio("uniform", "goodput_rps_interpolated"),
+        # Repeat by repeat (sla and pow2 ran in turn on the same schedules), and how far identical repeats
+        # of any one arm fell apart (met requests/s at any load point): a ratio inside it is not shown.
+        "paired_ratio_vs_pow2_by_repeat": {s: paired(s) for s in settings},
+        "paired_ratio_vs_pow2_by_repeat_interpolated": {
+            s: paired(s, "goodput_rps_interpolated_by_repeat") for s in settings
+        },
+        "noise_band_met_rps": {s: band(s) for s in settings},
         "decision_p99_ms_32_replicas": decision["cases"]["periodic"]["32"]["p99_ms"],
         "decision_cpu_p99_ms_32_replicas": decision["cases"]["periodic"]["32"]["cpu_p99_ms"],
         "targets": {

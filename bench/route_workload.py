@@ -179,3 +179,29 @@ def kinds_problem(setting: str, kinds: Sequence[str]) -> str | None:
     if sorted(kinds) != expected:
         return f"{setting} setting expects replicas {expected}, got {sorted(kinds)}"
     return None
+
+
+def arm_order(arms: Sequence[str], repeat: int) -> list[str]:
+    """The arms' order in one repeat: pow2 first in even repeats, last in odd ones. This machine's speed
+    drifts within minutes, so the arms take turns (interleaved repeats, counterbalanced positions)
+    rather than one arm running all its repeats before the next: a drift then falls on every arm alike."""
+    ordered = sorted(arms, key=lambda a: (a != "pow2", a))
+    return ordered if repeat % 2 == 0 else ordered[::-1]
+
+
+def spread(values: Sequence[float]) -> float | None:
+    """(max - min) / mean: how far identical runs fell apart. None for fewer than two or a zero mean."""
+    if len(values) < 2 or sum(values) <= 0:
+        return None
+    return round((max(values) - min(values)) / (sum(values) / len(values)), 4)
+
+
+def noise_band(repeats: Sequence[Sequence[dict]], field: str = "met_rps") -> float | None:
+    """The largest spread of `field` over identical repeats (the same schedules) at any load point."""
+    spreads = [spread([p[field] for p in same_load]) for same_load in zip(*repeats)]
+    return max((s for s in spreads if s is not None), default=None)
+
+
+def paired_ratios(ours: Sequence[float], base: Sequence[float]) -> list[float | None]:
+    """Repeat by repeat, ours / base: the two ran one after the other on the same schedules."""
+    return [round(o / b, 3) if b > 0 else None for o, b in zip(ours, base)]

@@ -9,14 +9,18 @@ from bench.route_workload import (
     Lengths,
     Outcome,
     SlaTarget,
+    arm_order,
     goodput,
     goodput_interpolated,
     kinds_problem,
     mean_points,
     met,
+    noise_band,
+    paired_ratios,
     percentile,
     schedule,
     score,
+    spread,
 )
 
 FAST = SlaTarget("interactive", 0.5, ttft_s=1.0, tpot_s=0.02)
@@ -126,3 +130,26 @@ def test_a_setting_whose_replicas_are_not_its_mix_is_refused():
     assert kinds_problem("uniform", ["drafter", "drafter"]) is None
     assert "got ['drafter', 'drafter']" in kinds_problem("heterogeneous", ["drafter", "drafter"])
     assert kinds_problem("uniform", ["drafter", "plain"]) is not None
+
+
+def test_arms_take_turns_with_pow2_first_then_last():
+    arms = ["sla", "round_robin", "pow2"]
+    assert arm_order(arms, 0) == ["pow2", "round_robin", "sla"]
+    assert arm_order(arms, 1) == ["sla", "round_robin", "pow2"]
+    assert arm_order(arms, 2) == ["pow2", "round_robin", "sla"]
+
+
+def test_the_noise_band_is_the_widest_spread_of_identical_repeats_at_any_load_point():
+    repeats = [
+        [{"met_rps": 5.0}, {"met_rps": 8.0}],
+        [{"met_rps": 5.0}, {"met_rps": 6.0}],
+        [{"met_rps": 5.0}, {"met_rps": 7.0}],
+    ]
+    assert spread([8.0, 6.0, 7.0]) == round(2.0 / 7.0, 4)
+    assert noise_band(repeats) == round(2.0 / 7.0, 4)
+    assert spread([3.0]) is None and spread([0.0, 0.0]) is None
+    assert noise_band([[{"met_rps": 0.0}], [{"met_rps": 0.0}]]) is None
+
+
+def test_paired_ratios_compare_repeat_by_repeat_and_skip_a_zero_base():
+    assert paired_ratios([8.0, 6.0, 3.0], [4.0, 0.0, 6.0]) == [2.0, None, 0.5]

@@ -59,7 +59,7 @@ class Subscriptions:
         first event said so): open the subscription there unless one is open."""
         self.demux.placed(key, replica_id)
         if address is not None:
-            self._addresses[replica_id] = tuple(address)
+            self._addresses[replica_id] = address
         if replica_id not in self._tasks and self.demux.running_on(replica_id):
             self._tasks[replica_id] = asyncio.get_running_loop().create_task(
                 self._subscribe(replica_id), context=contextvars.Context()

@@ -23,6 +23,11 @@ def attained(req: Request, sla: Sla) -> bool:
     return req.ttft <= sla.ttft_s and req.tpot <= sla.tpot_s
 
 
+def attained_share(reqs: list[Request], classes: Mapping[str, Sla]) -> float | None:
+    """The share of these requests that attained their class's SLA (None for none)."""
+    return round(sum(attained(r, classes[r.sla_class]) for r in reqs) / len(reqs), 6) if reqs else None
+
+
 def _pct(values: list[float], q: float) -> float | None:
     return round(float(np.percentile(values, q)), 6) if values else None
 
@@ -33,7 +38,7 @@ def summarize(
     reqs = [r for r in requests if warmup_s <= r.arrival < duration_s]
     window = duration_s - warmup_s
     done = [r for r in reqs if r.outcome == "done"]
-    ok = [r for r in reqs if attained(r, classes[r.sla_class])]
+    met = sum(attained(r, classes[r.sla_class]) for r in reqs)
     out = {
         "requests": len(reqs),
         "finished": len(done),
@@ -41,9 +46,9 @@ def summarize(
         "refused": sum(r.outcome == "refused" for r in reqs),
         "failed": sum(r.outcome == "failed" for r in reqs),
         "unfinished": sum(r.outcome == "pending" for r in reqs),
-        "attainment": round(len(ok) / len(reqs), 6) if reqs else None,
+        "attainment": attained_share(reqs, classes),
         "attainment_halves": halves(reqs, classes, warmup_s, duration_s),
-        "goodput_rps": round(len(ok) / window, 6),
+        "goodput_rps": round(met / window, 6),
         "throughput_rps": round(len(done) / window, 6),
         "output_tok_s": round(sum(r.generated for r in done) / window, 3),
         "ttft_p50_s": _pct([r.ttft for r in done], 50),
@@ -54,17 +59,12 @@ def summarize(
     }
     for name in sorted({r.sla_class for r in reqs}):
         mine = [r for r in reqs if r.sla_class == name]
-        good = sum(attained(r, classes[name]) for r in mine)
-        out["by_class"][name] = {"requests": len(mine), "attainment": round(good / len(mine), 6)}
+        out["by_class"][name] = {"requests": len(mine), "attainment": attained_share(mine, classes)}
     return out
 
 
 def halves(reqs: list[Request], classes: Mapping[str, Sla], warmup_s: float, duration_s: float) -> list:
     """Attainment of the requests that arrived in the first and in the second half of the scored window."""
     middle = (warmup_s + duration_s) / 2
-    out = []
-    for part in ([r for r in reqs if r.arrival < middle], [r for r in reqs if r.arrival >= middle]):
-        out.append(
-            round(sum(attained(r, classes[r.sla_class]) for r in part) / len(part), 6) if part else None
-        )
-    return out
+    first, second = [r for r in reqs if r.arrival < middle], [r for r in reqs if r.arrival >= middle]
+    return [attained_share(first, classes), attained_share(second, classes)]

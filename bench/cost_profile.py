@@ -1,6 +1,7 @@
 """sim/profiles/cpu_measured.json's measured terms, derived from bench/serving_cost.py's measurement.
 
-The host block (sim/host.py) and request_path_s come from the serving runs and bench/serve.py's proxy run;
+The host block (sim/host.py) comes from the serving runs and request_path_s from their path run (or, for a
+measurement without one, from bench/serve.py's proxy run);
 with an engine sweep, the profile's SPS table (the one the served replicas used) and its step, request
 and token overheads are fitted to the sweep's runs, and with a draft sweep (the draft gate off) its
 drafter terms (sim/step_fit.py). Each fitted term's source entry is rewritten to name the runs it came
@@ -59,19 +60,33 @@ def request_path_s(serve: dict) -> float:
 
 
 PATH_SOURCE = "serving path latency:"
+HOST_SOURCE = "host block (sim/host.py):"
 STEP_SOURCE = "engine overhead per step, per request and per token:"  # and forward_scale
 DRAFT_SOURCE = "drafter cost per step:"
 SPS_SOURCE = "SPS(B):"
 
 
+def provenance(measurement: dict) -> str:
+    """What the derived sources name as a measurement's origin: its command, and the UTC time it started
+    where it recorded one."""
+    at = measurement.get("measured_at")
+    return f"{measurement['command']}, started {at}" if at else measurement["command"]
+
+
 def derive_profile(profile: dict, serving: dict, serve: dict, command: str) -> dict:
-    """cpu_measured.json (as a dict) with its host block and request_path_s derived from `serving` and
-    `serve`; when `serving` has an engine sweep, its SPS table and step terms fitted to the sweep, and when
-    it has a draft sweep, its drafter terms (a measurement without them leaves those, and their sources,
-    as they are)."""
+    """cpu_measured.json (as a dict) with its host block and request_path_s derived from `serving` (its
+    own path run when it has one, else `serve`, bench/serve.py's proxy run); when `serving` has an engine
+    sweep, its SPS table and step terms fitted to the sweep, and when it has a draft sweep, its drafter
+    terms (a measurement without them leaves those, and their sources, as they are). `command`: the
+    measurement's provenance()."""
     out = {**profile, "host": host_block(serving)}
-    out["request_path_s"] = request_path_s(serve)
-    sources = {PATH_SOURCE: _path_source(serve)}
+    if "path" in serving:
+        out["request_path_s"] = serving["path"]["request_path_s"]
+        sources = {PATH_SOURCE: _own_path_source(serving["path"], command)}
+    else:
+        out["request_path_s"] = request_path_s(serve)
+        sources = {PATH_SOURCE: _path_source(serve)}
+    sources[HOST_SOURCE] = _host_source(serving, command)
     if serving.get("engine_sweep") and serving.get("sps_table"):
         sources.update(_fit_steps(out, serving, command))
     if serving.get("draft_sweep"):
@@ -83,14 +98,42 @@ def derive_profile(profile: dict, serving: dict, serve: dict, command: str) -> d
     return out
 
 
+_NOT_DELAYING = (
+    "the replica's own per-request serving CPU included (it runs on the request's way to the engine, "
+    "beside the engine's thread, not delaying its steps: serving_cost.json's engine_blocked_s is about 0)"
+)
+
+
 def _path_source(serve: dict) -> str:
     ttft = {(p["method"], p["concurrency"]): p["ttft_s"] for p in serve["points"]}
     return (
         f"{PATH_SOURCE} bench/results/serve_proxy.json ({serve.get('command', 'python bench/serve.py')}; "
         f"one replica, concurrency 1): TTFT over OpenAI HTTP {ttft['http', 1] * 1e3:.1f} ms against "
-        f"{ttft['offline', 1] * 1e3:.1f} ms offline; request_path_s is that difference, the replica's own "
-        "per-request serving CPU included (it runs on the request's way to the engine, beside the engine's "
-        "thread, not delaying its steps: serving_cost.json's engine_blocked_s is about 0)"
+        f"{ttft['offline', 1] * 1e3:.1f} ms offline; request_path_s is that difference, {_NOT_DELAYING}"
+    )
+
+
+def _own_path_source(path: dict, command: str) -> str:
+    return (
+        f"{PATH_SOURCE} serving_cost's path run ({command}; the validation's stack, two replicas, one "
+        f"ingress, OpenAI HTTP streaming; {path['requests']} requests sent one at a time for one token "
+        f"each, {path['engine_steps']} engine steps): mean TTFT at the client {path['ttft_s'] * 1e3:.1f} ms "
+        f"less the engines' mean step wall per request {path['engine_step_s'] * 1e3:.1f} ms; "
+        f"request_path_s is that difference, {_NOT_DELAYING}"
+    )
+
+
+def _host_source(serving: dict, command: str) -> str:
+    return (
+        f"{HOST_SOURCE} bench/serving_cost.py's measurement ({command}; derived by bench/cost_profile.py "
+        "with request_path_s: the validation's stack, two demo target replicas with the DSpark drafter, "
+        f"one ingress, OpenAI HTTP streaming; {serving['requests']} requests at concurrency "
+        f"{serving['concurrency']}, max_tokens 1 then {serving['max_tokens']}; CPU time per process from "
+        "/proc). cpu_s_per_request/token = proxy + ingress + client + Ray's other processes (negative noise "
+        "taken as 0); replica_cpu_s_per_request/token = the replicas' threads other than the engine's "
+        "(Serve's request handling and streaming, in the engine's process); idle_cores = every process of "
+        "the stack with no traffic (Ray, Serve's stats polling, the client); cores = this machine's 2; "
+        "replicas = 2 per host, the validation's layout"
     )
 
 
@@ -158,10 +201,16 @@ def acceptance_rows(accept: dict) -> dict[str, list[float]]:
     }
 
 
-def write_profile(measured: Path, serve: Path = SERVE_PROXY, accept: Path = ACCEPT) -> dict:
-    data = json.loads(measured.read_text())
-    current = json.loads(PROFILE.read_text())
-    current["acceptance"] = acceptance_rows(json.loads(accept.read_text()))
-    profile = derive_profile(current, data["serving"], json.loads(serve.read_text()), data["command"])
-    PROFILE.write_text(json.dumps(profile, indent=1) + "\n")
+def profile_from(measurement: dict, base: Path = PROFILE, serve: Path = SERVE_PROXY) -> dict:
+    """The profile derived from a serving_cost measurement (as loaded), over `base`'s settings, sources and
+    assumptions, with accept.json's rows."""
+    current = json.loads(base.read_text())
+    current["acceptance"] = acceptance_rows(json.loads(ACCEPT.read_text()))
+    serve_run = json.loads(serve.read_text())
+    return derive_profile(current, measurement["serving"], serve_run, provenance(measurement))
+
+
+def write_profile(measured: Path, out: Path = PROFILE) -> dict:
+    profile = profile_from(json.loads(measured.read_text()))
+    out.write_text(json.dumps(profile, indent=1) + "\n")
     return profile

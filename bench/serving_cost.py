@@ -13,7 +13,9 @@ those terms so the simulator's host model (sim/host.py) takes them as data:
    replicas' other threads (Serve's request handling and streaming in the engine's process), Ray's other
    processes, and the client (this process). Per request = the max_tokens=1 run's CPU over its
    requests; per token = the difference between the two runs over the difference in generated tokens.
-   Idle = CPU per second with no traffic.
+   Idle = CPU per second with no traffic. Before those, a path run sends requests one at a time for one
+   token each: their mean TTFT less the engines' mean step wall per request is the serving path's latency
+   (the profile's request_path_s, measured on this stack in the same sitting; serving_path).
    Then a sweep of runs (--engine-sweep: concurrencies 2 to 12, about 1 to 6 decoding requests per
    replica, and one run with longer prompts) measures the engines themselves: their own counters (steps,
    tokens through the forward, decoding requests per step) beside the engine threads' CPU, their wait for
@@ -37,11 +39,13 @@ those terms so the simulator's host model (sim/host.py) takes them as data:
                                  [--engine-sweep 2x48,4x48,8x48,12x48,8x144] [--draft-sweep 2x48,8x48]
     python bench/serving_cost.py --write-profile   # then: the measured terms into cpu_measured.json
 
-Writes bench/results/serving_cost.json (build/serving_cost_quick.json with --quick); --write-profile
-(bench/cost_profile.py) derives sim/profiles/cpu_measured.json's `host` block and `request_path_s` from
-it and serve_proxy.json, and, from the engine sweep, the profile's SPS table (the replicas') and its
+Writes bench/results/serving_cost.json (build/serving_cost_quick.json with --quick), stamped with its
+command and start time (`measured_at`); --write-profile (bench/cost_profile.py) derives
+sim/profiles/cpu_measured.json's `host` block and `request_path_s` from it (from serve_proxy.json for a
+measurement without a path run), and, from the engine sweep, the profile's SPS table (the replicas') and its
 step, request and token overheads, and from the draft sweep its drafter terms. The sweeps are
-serving_cost's own closed-loop workload, never the validation's trace.
+serving_cost's own closed-loop workload, never the validation's trace. bench/sim_validate.py
+--measure-profile runs this measurement (measure()) between its two real runs of the validation's trace.
 """
 
 from __future__ import annotations
@@ -152,16 +156,20 @@ def _diff(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
     return split_engine({k: after[k] - before.get(k, 0.0) for k in after})
 
 
-async def _drive(base_url: str, model: str, prompts: list[str], max_tokens: int, concurrency: int) -> int:
-    """Stream every prompt (ignore_eos: each runs to max_tokens); returns the tokens generated."""
+async def _drive(
+    base_url: str, model: str, prompts: list[str], max_tokens: int, concurrency: int
+) -> tuple[int, list[float]]:
+    """Stream every prompt (ignore_eos: each runs to max_tokens); returns the tokens generated and each
+    request's time to its first token (from the moment it was sent)."""
     import openai
 
     # A client per event loop: its connections belong to the loop that opened them.
     client = openai.AsyncOpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=600)
     gate = asyncio.Semaphore(concurrency)
 
-    async def one(prompt: str) -> int:
+    async def one(prompt: str) -> tuple[int, float]:
         async with gate:
+            sent = time.perf_counter()
             stream = await client.completions.create(
                 model=model,
                 prompt=prompt,
@@ -172,27 +180,66 @@ async def _drive(base_url: str, model: str, prompts: list[str], max_tokens: int,
                 extra_body={"ignore_eos": True},
                 extra_headers={"x-sla-class": "standard"},
             )
-            tokens = 0
+            tokens, ttft = 0, None
             async for chunk in stream:
+                if ttft is None and chunk.choices and chunk.choices[0].text:
+                    ttft = time.perf_counter() - sent
                 if chunk.usage is not None:
                     tokens = chunk.usage.completion_tokens
-            return tokens
+            return tokens, ttft if ttft is not None else time.perf_counter() - sent
 
     try:
-        return sum(await asyncio.gather(*(one(p) for p in prompts)))
+        done = await asyncio.gather(*(one(p) for p in prompts))
+        return sum(t for t, _ in done), [ttft for _, ttft in done]
     finally:
         await client.close()
 
 
-def measure_serving(
-    models: str,
-    requests: int,
-    max_tokens: int,
-    concurrency: int,
-    idle_s: float,
-    sweep: list[tuple[int, int]],
-    draft_sweep: list[tuple[int, int]],
-) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What one measurement runs (the defaults are the full size; QUICK is a smoke run)."""
+
+    requests: int = 24
+    max_tokens: int = 48
+    concurrency: int = 4
+    idle_s: float = 5.0
+    sweep: tuple[tuple[int, int], ...] = ((2, 48), (4, 48), (8, 48), (12, 48), (8, 144))
+    draft_sweep: tuple[tuple[int, int], ...] = ((2, 48), (8, 48))
+    path_requests: int = 16  # sent one at a time: the serving path's latency beside the engine's step
+    sharing_iterations: int = 3000
+
+
+QUICK = Settings(
+    requests=4,
+    max_tokens=8,
+    concurrency=2,
+    idle_s=1.0,
+    sweep=((1, 48), (4, 48), (4, 144)),
+    draft_sweep=((1, 48), (4, 48)),
+    path_requests=4,
+    sharing_iterations=300,
+)
+
+
+def measure(models: str, settings: Settings, command: str, skip_serving: bool = False) -> dict:
+    """The whole measurement (serving_cost.json's contents), stamped with the command and the UTC time it
+    started: the profile derived from it names both."""
+    start = time.time()
+    result = {
+        "command": command,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "engine": ENGINE,
+        "sharing": measure_sharing(4, settings.sharing_iterations),
+    }
+    if not skip_serving:
+        result["serving"] = measure_serving(models, settings)
+    result["load_avg_1m_at_end"] = os.getloadavg()[0]
+    result["wall_minutes"] = round((time.time() - start) / 60, 2)
+    return result
+
+
+def measure_serving(models: str, settings: Settings) -> dict:
     import ray
     from ray import serve
     from transformers import AutoTokenizer
@@ -200,6 +247,8 @@ def measure_serving(
     from deployments.app import build_app
     from drafter_service.demo.corpus import heldout_prompts
 
+    requests, max_tokens, concurrency = settings.requests, settings.max_tokens, settings.concurrency
+    idle_s, sweep, draft_sweep = settings.idle_s, settings.sweep, settings.draft_sweep
     target = (Path(models) / "target").resolve()
     tokenizer = AutoTokenizer.from_pretrained(target)
     half = requests // 2
@@ -230,19 +279,21 @@ def measure_serving(
 
         def run(
             max_t: int, streams: int = concurrency, label: str = "", texts: list[str] = prompts
-        ) -> tuple[dict, int, float]:
+        ) -> tuple[dict, int, float, list[float]]:
             with StepWindow("servingcost") as window:
-                tokens = asyncio.run(_drive(base_url, target.name, texts, max_t, streams))
+                tokens, ttfts = asyncio.run(_drive(base_url, target.name, texts, max_t, streams))
             steps[label] = window.steps
-            return window.spent, tokens, window.wall_s
+            return window.spent, tokens, window.wall_s, ttfts
 
         steps: dict[str, dict] = {}
         run(2)  # warm every path (first-request imports, connections, the cost table)
+        # One request at a time, one token each: the serving path's latency beside the engine's step.
+        path_ttfts = run(1, 1, "path", (prompts * settings.path_requests)[: settings.path_requests])[3]
         before = cpu_by_group()
         time.sleep(idle_s)  # a measurement window, not a wait for something to happen
         idle = {k: v / idle_s for k, v in _diff(cpu_by_group(), before).items()}
-        short, short_tokens, short_wall = run(1)
-        long, long_tokens, long_wall = run(max_tokens, label="long")
+        short, short_tokens, short_wall, _ = run(1)
+        long, long_tokens, long_wall, _ = run(max_tokens, label="long")
         for streams, length in sweep:  # the engines across batch sizes and prompt lengths
             run(max_tokens, streams, sweep_label(streams, length), prompts_of(length))
         if draft_sweep:  # the drafter's cost: the same engines drafting every round
@@ -271,6 +322,7 @@ def measure_serving(
         "idle_cores": {k: round(v, 5) for k, v in idle.items()},
         "cpu_s_per_request": {k: round(v, 6) for k, v in per_request.items()},
         "cpu_s_per_token": {k: round(v, 6) for k, v in per_token.items()},
+        "path": serving_path(path_ttfts, steps["path"]),
         # The engines' steps in the long run (at `concurrency`) and in the sweep's runs, with the
         # simulator's model of the same steps: the served engine's cost.
         "engine_steps": {k: {**v, **engine_model_s(v, table)} for k, v in steps.items() if k},
@@ -281,13 +333,30 @@ def measure_serving(
     }
 
 
+def serving_path(ttfts: list[float], steps: dict) -> dict:
+    """The serving path's latency to the first token beside the engine's work, from requests sent one at a
+    time for one token each: their mean TTFT at the client less the engines' mean step wall per request
+    (each such request is one prefill step; `engine_steps` says how many ran). It is what the simulator
+    adds on a request's way to its replica (the profile's request_path_s), measured on the validation's
+    own stack and in the same sitting as the rest."""
+    n = len(ttfts)
+    ttft, engine = sum(ttfts) / n, steps["step_time_s"] / n
+    return {
+        "requests": n,
+        "engine_steps": int(steps["steps"]),
+        "ttft_s": round(ttft, 5),
+        "engine_step_s": round(engine, 5),
+        "request_path_s": round(ttft - engine, 4),
+    }
+
+
 def sweep_label(concurrency: int, prompt_tokens: int, kind: str = "engine") -> str:
     return f"{kind}_c{concurrency}_p{prompt_tokens}"
 
 
-def parse_sweep(text: str) -> list[tuple[int, int]]:
-    """'2x48,8x144' -> [(2, 48), (8, 144)]: concurrency x prompt tokens per run."""
-    return [(int(c), int(p)) for c, p in (item.split("x") for item in text.split(",") if item)]
+def parse_sweep(text: str) -> tuple[tuple[int, int], ...]:
+    """'2x48,8x144' -> ((2, 48), (8, 144)): concurrency x prompt tokens per run."""
+    return tuple((int(c), int(p)) for c, p in (item.split("x") for item in text.split(",") if item))
 
 
 ENGINE_COUNTERS = (
@@ -436,34 +505,43 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="a smoke run: 4 requests of 8 tokens, short sharing")
     p.add_argument("--models", default="models")
-    p.add_argument("--requests", type=int, default=24)
-    p.add_argument("--max-tokens", type=int, default=48)
-    p.add_argument("--concurrency", type=int, default=4)
+    full = Settings()
+    p.add_argument("--requests", type=int, default=full.requests)
+    p.add_argument("--max-tokens", type=int, default=full.max_tokens)
+    p.add_argument("--concurrency", type=int, default=full.concurrency)
     p.add_argument(
         "--engine-sweep",
         type=parse_sweep,
-        default=parse_sweep("2x48,4x48,8x48,12x48,8x144"),
+        default=full.sweep,
         help="runs measuring the engines, concurrency x prompt tokens (the step terms' fit points)",
     )
     p.add_argument(
         "--draft-sweep",
         type=parse_sweep,
-        default=parse_sweep("2x48,8x48"),
+        default=full.draft_sweep,
         help="runs with the draft gate off, concurrency x prompt tokens (the drafter terms' fit points)",
     )
-    p.add_argument("--idle-s", type=float, default=5.0)
-    p.add_argument("--sharing-iterations", type=int, default=3000)
+    p.add_argument("--idle-s", type=float, default=full.idle_s)
+    p.add_argument("--path-requests", type=int, default=full.path_requests)
+    p.add_argument("--sharing-iterations", type=int, default=full.sharing_iterations)
     p.add_argument("--skip-serving", action="store_true", help="only the core-sharing measurement")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument(
         "--write-profile", action="store_true", help="only derive cpu_measured.json's host block from OUT"
     )
     args = p.parse_args(argv)
-    if args.quick:
-        args.requests, args.max_tokens, args.concurrency, args.idle_s = 4, 8, 2, 1.0
-        args.engine_sweep = parse_sweep("1x48,4x48,4x144")
-        args.draft_sweep = parse_sweep("1x48,4x48")
-        args.sharing_iterations = 300
+    settings = QUICK
+    if not args.quick:
+        settings = Settings(
+            requests=args.requests,
+            max_tokens=args.max_tokens,
+            concurrency=args.concurrency,
+            idle_s=args.idle_s,
+            sweep=tuple(args.engine_sweep),
+            draft_sweep=tuple(args.draft_sweep),
+            path_requests=args.path_requests,
+            sharing_iterations=args.sharing_iterations,
+        )
     out = args.out or (
         REPO / "build" / "serving_cost_quick.json"
         if args.quick
@@ -478,25 +556,8 @@ def main(argv: list[str] | None = None) -> None:
         shown = ("host", "request_path_s", *step_fit.TERMS, *step_fit.DRAFT_TERMS)
         print(json.dumps({k: profile.get(k) for k in shown}, indent=1))
         return
-    start = time.time()
-    result = {
-        "command": "python bench/serving_cost.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-        "engine": ENGINE,
-        "sharing": measure_sharing(4, args.sharing_iterations),
-    }
-    if not args.skip_serving:
-        result["serving"] = measure_serving(
-            args.models,
-            args.requests,
-            args.max_tokens,
-            args.concurrency,
-            args.idle_s,
-            args.engine_sweep,
-            args.draft_sweep,
-        )
-    result["load_avg_1m_at_end"] = os.getloadavg()[0]
-    result["wall_minutes"] = round((time.time() - start) / 60, 2)
+    command = "python bench/serving_cost.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    result = measure(args.models, settings, command, args.skip_serving)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))

@@ -9,8 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from bench.cost_profile import derive_profile
-from bench.serving_cost import ENGINE_COUNTERS, engine_time, parse_sweep, split_engine, sweep_label
+from bench.cost_profile import derive_profile, provenance
+from bench.serving_cost import (
+    ENGINE_COUNTERS,
+    engine_time,
+    parse_sweep,
+    serving_path,
+    split_engine,
+    sweep_label,
+)
 from sim.profiles import from_dict
 from sim.step_fit import EngineRun, model_s
 
@@ -46,7 +53,7 @@ def test_a_steps_wall_time_is_the_engines_cpu_its_wait_for_a_cpu_and_the_rest_bl
 
 
 def test_the_engine_sweep_is_given_as_concurrency_x_prompt_tokens():
-    assert parse_sweep("2x48,12x48,8x144") == [(2, 48), (12, 48), (8, 144)]
+    assert parse_sweep("2x48,12x48,8x144") == ((2, 48), (12, 48), (8, 144))
     assert sweep_label(8, 144) == "engine_c8_p144"
 
 
@@ -117,3 +124,54 @@ def test_write_profile_fits_the_step_and_drafter_terms_to_the_sweeps_over_the_re
     kept = [s for s in fitted["sources"] if not s.startswith(fitted_sources)]
     assert kept == [s for s in plain["sources"] if not s.startswith(fitted_sources)]
     assert len(kept) == len(fitted["sources"]) - 3
+
+
+def test_the_serving_path_is_the_mean_ttft_less_the_engines_mean_step_per_request():
+    path = serving_path([0.040, 0.050, 0.036, 0.034], {"steps": 4, "step_time_s": 0.048})
+    assert path == {
+        "requests": 4,
+        "engine_steps": 4,
+        "ttft_s": 0.04,
+        "engine_step_s": 0.012,
+        "request_path_s": 0.028,
+    }
+
+
+def test_a_measurement_with_its_own_path_run_and_time_sets_request_path_s_and_names_both():
+    """A measurement made in one sitting (bench/sim_validate.py --measure-profile) carries its own path
+    run and its start time: request_path_s comes from that run, not from serve_proxy.json, and the host
+    and path sources name the command and the time; the rest is derived as without it."""
+    root = Path(__file__).resolve().parents[2]
+    measured = json.loads((root / "bench" / "results" / "serving_cost.json").read_text())
+    serve = json.loads((root / "bench" / "results" / "serve_proxy.json").read_text())
+    profile = json.loads((root / "sim" / "profiles" / "cpu_measured.json").read_text())
+    path = {
+        "requests": 16,
+        "engine_steps": 16,
+        "ttft_s": 0.061,
+        "engine_step_s": 0.0195,
+        "request_path_s": 0.0415,
+    }
+    sitting = {
+        **measured,
+        "command": "python bench/sim_validate.py --models models --measure-profile",
+        "measured_at": "2026-11-30T10:00:00Z",
+        "serving": {**measured["serving"], "path": path},
+    }
+    assert provenance(measured) == measured["command"]
+    named = "python bench/sim_validate.py --models models --measure-profile, started 2026-11-30T10:00:00Z"
+    assert provenance(sitting) == named
+    plain = derive_profile(profile, measured["serving"], serve, provenance(measured))
+    fresh = derive_profile(profile, sitting["serving"], serve, provenance(sitting))
+    assert fresh["request_path_s"] == 0.0415 != plain["request_path_s"]
+    assert {k for k in fresh if fresh[k] != plain[k]} == {"request_path_s", "sources"}
+    (path_source,) = [s for s in fresh["sources"] if s.startswith("serving path latency:")]
+    assert named in path_source and "serve_proxy" not in path_source
+    assert (
+        "mean TTFT at the client 61.0 ms less the engines' mean step wall per request 19.5 ms" in path_source
+    )
+    (host_source,) = [s for s in fresh["sources"] if s.startswith("host block")]
+    assert named in host_source
+    # Every fitted source names the sitting (the committed measurement has sweeps).
+    fitted = [s for s in fresh["sources"] if s.startswith(("SPS(B)", "engine overhead", "drafter cost"))]
+    assert len(fitted) == 3 and all(named in s for s in fitted)

@@ -149,13 +149,13 @@ def test_the_cpu_profile_is_derived_from_the_committed_measurements():
     serving_cost.json and serve_proxy.json (and accept.json's rows, checked below): the host block,
     request_path_s and, once serving_cost.json has an engine sweep, the SPS table and the step terms
     fitted to it (tests/bench/test_serving_cost.py)."""
-    from bench.cost_profile import derive_profile
+    from bench.cost_profile import derive_profile, provenance
 
     root = Path(__file__).resolve().parents[2]
     measured = json.loads((root / "bench" / "results" / "serving_cost.json").read_text())
     serve = json.loads((root / "bench" / "results" / "serve_proxy.json").read_text())
     committed = json.loads((root / "sim" / "profiles" / "cpu_measured.json").read_text())
-    assert derive_profile(committed, measured["serving"], serve, measured["command"]) == committed
+    assert derive_profile(committed, measured["serving"], serve, provenance(measured)) == committed
     assert dataclasses.asdict(load("cpu_measured").host) == committed["host"]
 
 

@@ -203,7 +203,8 @@ class Cluster:
         host = self._host_of.get(replica.replica_id)
         if host is not None:
             host.stepping += 1
-            plan.seconds *= host.stretch(self.q.now)
+            plan.stretch = host.stretch(self.q.now)
+            plan.seconds *= plan.stretch
         self.q.after(plan.seconds, self._end_step, replica, plan, self._epoch.get(replica.replica_id, 0))
 
     def _end_step(self, replica: SimReplica, plan: Plan, epoch: int) -> None:

@@ -60,6 +60,7 @@ class Plan:
     draft_seconds: float
     forward_seconds: float
     seconds: float
+    stretch: float = 1.0  # how much longer than alone it runs on its host (sim/host.py), set as it starts
 
 
 @dataclass
@@ -75,6 +76,10 @@ class Counters:
     finished_requests: int = 0
     step_time_s: float = 0.0
     forward_time_s: float = 0.0
+    # Beside the engine's own counters, the model's view of the same steps: tokens through the forward,
+    # and the steps' time alone on a core (step_time_s less the host's stretch: the engine thread's CPU).
+    forward_tokens: int = 0
+    alone_time_s: float = 0.0
     max_pages_used: int = 0
     # Request-rounds by (drafts verified, drafts accepted): acceptance by position follows from it.
     verify_accept: Counter = field(default_factory=Counter)
@@ -214,6 +219,8 @@ class SimReplica:
         c = self.counters
         c.steps += 1
         c.step_time_s += plan.seconds
+        c.alone_time_s += plan.seconds / plan.stretch
+        c.forward_tokens += plan.tokens
         c.forward_time_s += plan.forward_seconds
         first, done = [], []
         rng = self.rng.random

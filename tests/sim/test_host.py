@@ -64,6 +64,31 @@ def test_the_serving_paths_load_stretches_steps_by_demand_over_cores():
     assert tpot(shared) == pytest.approx(2 * tpot(alone), rel=1e-12)
 
 
+def test_a_replica_counts_its_steps_time_alone_and_its_forward_tokens_beside_the_engines_counters():
+    """The model's view of the steps, set beside a real run's engine counters by bench/sim_validate.py:
+    on a host where every step runs twice as long, the time alone is half the step time; the forward
+    carries every prompt token and each decoding round's token and drafts."""
+
+    def replica(host: HostCost | None):
+        req = Request(
+            rid=0, arrival=0.0, prompt_tokens=32, max_tokens=40, sla_class="standard", domain="easy"
+        )
+        config = ClusterConfig(
+            fleet=[Group(small_profile(host=host), 1)], classes=CLASSES, default_class="standard"
+        )
+        cluster = Cluster(config, [req])
+        cluster.run(100.0)
+        (only,) = cluster.all_replicas()
+        return only.counters
+
+    alone = replica(None)
+    assert alone.alone_time_s == pytest.approx(alone.step_time_s, rel=1e-12)
+    assert alone.forward_tokens == 32 + alone.rounds + alone.drafted_tokens
+    shared = replica(HostCost(cores=1, replicas=1, idle_cores=1.0))
+    assert shared.alone_time_s == pytest.approx(shared.step_time_s / 2, rel=1e-12)
+    assert shared.forward_tokens == 32 + shared.rounds + shared.drafted_tokens
+
+
 def test_serving_load_is_its_cpu_at_the_recent_rate_and_decays():
     host = Host(
         HostCost(

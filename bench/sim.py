@@ -47,6 +47,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
+from bench.sim_compare import validation_lines  # noqa: E402
 from sim.__main__ import plot, run_grid  # noqa: E402
 from sim.scenario import Scenario, run  # noqa: E402
 
@@ -336,28 +337,6 @@ def markdown(report: dict) -> str:
 def _halves(summary: dict) -> str:
     halves = summary.get("attainment_halves") or [None, None]  # absent from runs before it was recorded
     return " / ".join("-" if a is None else f"{a:.3f}" for a in halves)
-
-
-VALIDATED = ("throughput_rps", "output_tok_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
-
-
-def validation_lines(validation: dict) -> list[str]:
-    """The validation against the real cluster as a table, real and simulated side by side."""
-    if "real_measured" not in validation:  # skipped, or a run that did not finish
-        return [f"Validation: `{json.dumps(validation)}`\n"]
-    lines = [
-        f"Validation against real Ray Serve (`{validation['command']}`; real half: "
-        f"`{validation['real_measured']}`):\n",
-        "| metric | real | sim | sim vs real |",
-        "|---|---:|---:|---:|",
-    ]
-    for name in VALIDATED:
-        m = validation[name]
-        lines.append(f"| {name} | {m['real']} | {m['sim']} | {m['rel_diff']:+.1%} |")
-    outside = validation["outside_15pct"]
-    verdict = f"outside 15 %: {', '.join(outside)}" if outside else "all within 15 %"
-    lines.append(f"\n{verdict}\n")
-    return lines
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,6 +1,8 @@
 """bench/sim.py's report: the validation against the real cluster as a table, real and simulated."""
 
-from bench.sim import VALIDATED, markdown, validation_lines
+from bench.sim import markdown
+from bench.sim_compare import METRICS as VALIDATED
+from bench.sim_compare import validation_lines
 
 
 def _metric(real: float, sim: float) -> dict:

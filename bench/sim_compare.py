@@ -1,0 +1,140 @@
+"""The validation's comparison: real runs of one seeded trace against the simulator, beside the real runs'
+own spread, as figures and as the report's tables.
+
+Two real runs of identical work (a fresh stack each, the same requests at the same times) show how far
+the real cluster moves on its own: a simulated figure is judged against their mean, and a difference the
+size of the real runs' own is noise, not a fault of the model. The engines' steps over each run (their
+counters) are set beside the simulated replicas' (sim/replica.Counters): where a latency parts, they say
+whether the steps are slower, more stretched by the host, or differently composed. Pure: no I/O, no Ray.
+"""
+
+from __future__ import annotations
+
+import json
+
+METRICS = ("throughput_rps", "output_tok_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
+LIMIT = 0.15  # the issue's bound on |sim / real - 1|
+
+
+def rel(real: float | None, other: float | None) -> float | None:
+    """other / real - 1, to 4 places (None where either is missing or real is 0)."""
+    return None if not real or other is None else round((other - real) / real, 4)
+
+
+def compare(real_runs: list[dict], sims: dict[str, dict]) -> dict:
+    """Per metric: each real run's figure (`real_runs`), their mean (`real`, the reference), run 2 against
+    run 1 (`real_vs_real`: the real cluster's own noise, with two runs or more), and each simulated
+    variant's figure with its difference to the mean (`rel_diff` for "sim", `rel_diff_<label>` for the
+    others) and to each run (`rel_diff_runs`, "sim" only). Then the verdict on "sim": the largest
+    difference, whether all are within 15 %, which are outside, and which part from the real mean by more
+    than the real runs part from each other."""
+    out: dict = {}
+    for m in METRICS:
+        values = [run[m] for run in real_runs]
+        real = None if None in values else round(sum(values) / len(values), 6)
+        entry = {
+            "real": real,
+            "real_runs": values,
+            "real_vs_real": rel(values[0], values[1]) if len(values) > 1 else None,
+        }
+        for label, figures in sims.items():
+            entry[label] = figures[m]
+            entry["rel_diff" if label == "sim" else f"rel_diff_{label}"] = rel(real, figures[m])
+        if "sim" in sims:
+            entry["rel_diff_runs"] = [rel(v, sims["sim"][m]) for v in values]
+        out[m] = entry
+    judged = [m for m in METRICS if out[m].get("rel_diff") is not None]
+    out["max_abs_rel_diff"] = max((abs(out[m]["rel_diff"]) for m in judged), default=None)
+    out["within_15pct"] = bool(judged) and out["max_abs_rel_diff"] <= LIMIT
+    out["outside_15pct"] = [m for m in judged if abs(out[m]["rel_diff"]) > LIMIT]
+    noisy = [m for m in judged if out[m]["real_vs_real"] is not None]
+    out["beyond_real_noise"] = [m for m in noisy if abs(out[m]["rel_diff"]) > abs(out[m]["real_vs_real"])]
+    return out
+
+
+def step_view(counters: dict) -> dict:
+    """A run's engine steps per step: wall, CPU (the real engine thread's, or the model's time alone on a
+    core), the host's stretch (wall over CPU), decoding requests, forward tokens, and drafts per round."""
+    steps = max(1, counters["steps"])
+    cpu = counters["engine_cpu_s"] if "engine_cpu_s" in counters else counters["alone_time_s"]
+    rounds = max(1, counters["rounds"])
+    return {
+        "steps": int(counters["steps"]),
+        "step_ms": round(counters["step_time_s"] / steps * 1e3, 3),
+        "cpu_ms": round(cpu / steps * 1e3, 3),
+        "stretch": round(counters["step_time_s"] / cpu, 3) if cpu else None,
+        "rounds_per_step": round(counters["rounds"] / steps, 3),
+        "tokens_per_step": round(counters["forward_tokens"] / steps, 3),
+        "drafted_per_round": round(counters["drafted_tokens"] / rounds, 3),
+    }
+
+
+STEP_COLUMNS = (
+    ("steps", "steps"),
+    ("step_ms", "step wall ms"),
+    ("cpu_ms", "CPU ms"),
+    ("stretch", "wall / CPU"),
+    ("rounds_per_step", "requests / step"),
+    ("tokens_per_step", "tokens / step"),
+    ("drafted_per_round", "drafts / request"),
+)
+
+
+def validation_lines(validation: dict) -> list[str]:
+    """The validation against the real cluster as tables: every metric for each real run, their spread,
+    the simulator and its difference to the real mean and to each run; then the engines' steps."""
+    if "real_measured" not in validation:  # skipped, or a run that did not finish
+        return [f"Validation: `{json.dumps(validation)}`\n"]
+    lines = [
+        f"Validation against real Ray Serve (`{validation['command']}`; real half: "
+        f"`{validation['real_measured']}`"
+        + (f"; profile: `{validation['profile']['path']}`" if validation.get("profile") else "")
+        + "):\n"
+    ]
+    runs = len(validation[METRICS[0]].get("real_runs") or [None])
+    if runs == 1:  # one real run (results before the second run was added)
+        lines += ["| metric | real | sim | sim vs real |", "|---|---:|---:|---:|"]
+        for name in METRICS:
+            m = validation[name]
+            lines.append(f"| {name} | {m['real']} | {m['sim']} | {_pct(m['rel_diff'])} |")
+    else:
+        each = [f"real run {i + 1}" for i in range(runs)]
+        versus = [f"sim vs run {i + 1}" for i in range(runs)]
+        header = ["metric", *each, "run 2 vs run 1", "sim", "sim vs real (mean)", *versus]
+        lines += ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+        for name in METRICS:
+            m = validation[name]
+            cells = [name, *map(str, m["real_runs"]), _pct(m["real_vs_real"]), str(m["sim"])]
+            cells += [_pct(m["rel_diff"]), *map(_pct, m["rel_diff_runs"])]
+            lines.append("| " + " | ".join(cells) + " |")
+    outside = validation["outside_15pct"]
+    verdict = f"outside 15 %: {', '.join(outside)}" if outside else "all within 15 %"
+    if "beyond_real_noise" in validation and runs > 1:
+        beyond = validation["beyond_real_noise"]
+        verdict += "; sim parts from the real mean by more than the real runs part: " + (
+            ", ".join(beyond) if beyond else "none"
+        )
+    lines.append(f"\n{verdict}\n")
+    return lines + step_lines(validation)
+
+
+def step_lines(validation: dict) -> list[str]:
+    """The engines' steps over the whole trace, each real run's and the simulator's, when recorded."""
+    real = validation.get("real_engine_steps")
+    sim = validation.get("sim_engine_steps")
+    if not real or not sim:
+        return []
+    real = real if isinstance(real, list) else [real]
+    rows = [(f"real run {i + 1}", step_view(r)) for i, r in enumerate(real)] + [("sim", step_view(sim))]
+    lines = [
+        "Engines' steps over the whole trace (both replicas):\n",
+        "| | " + " | ".join(title for _, title in STEP_COLUMNS) + " |",
+        "|---|" + "---:|" * len(STEP_COLUMNS),
+    ]
+    for label, view in rows:
+        lines.append(f"| {label} | " + " | ".join(str(view[key]) for key, _ in STEP_COLUMNS) + " |")
+    return lines + [""]
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1%}"

@@ -1,0 +1,91 @@
+"""bench/sim_compare.py: the simulator against two real runs of one trace, judged against their mean and
+beside their own spread, and the engines' steps set side by side."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.sim_compare import METRICS, compare, step_view, validation_lines
+
+
+def figures(**given: float) -> dict:
+    return {m: given.get(m, 1.0) for m in METRICS}
+
+
+def test_the_sim_is_judged_against_the_mean_of_the_real_runs_beside_their_own_spread():
+    run1 = figures(ttft_p50_s=0.08, tpot_p50_s=0.020, tpot_p99_s=0.030)
+    run2 = figures(ttft_p50_s=0.10, tpot_p50_s=0.021, tpot_p99_s=0.030)
+    sim = figures(ttft_p50_s=0.085, tpot_p50_s=0.016, tpot_p99_s=0.036)
+    alone = figures(ttft_p50_s=0.045)
+    out = compare([run1, run2], {"sim": sim, "sim_engine_alone": alone})
+    ttft = out["ttft_p50_s"]
+    assert ttft["real_runs"] == [0.08, 0.10] and ttft["real"] == 0.09
+    assert ttft["real_vs_real"] == 0.25  # run 2 is 25 % above run 1: the real cluster's own noise
+    assert ttft["sim"] == 0.085 and ttft["rel_diff"] == -0.0556
+    assert ttft["rel_diff_runs"] == [0.0625, -0.15]
+    assert ttft["sim_engine_alone"] == 0.045 and ttft["rel_diff_sim_engine_alone"] == -0.5
+    tpot = out["tpot_p50_s"]
+    assert (tpot["real"], tpot["real_vs_real"], tpot["rel_diff"]) == (0.0205, 0.05, -0.2195)
+    assert out["tpot_p99_s"]["rel_diff"] == 0.2 and out["tpot_p99_s"]["real_vs_real"] == 0.0
+    assert out["max_abs_rel_diff"] == 0.2195
+    assert out["within_15pct"] is False
+    assert out["outside_15pct"] == ["tpot_p50_s", "tpot_p99_s"]
+    # TTFT's -5.6 % is inside the real runs' own 25 %; the TPOT differences are not.
+    assert out["beyond_real_noise"] == ["tpot_p50_s", "tpot_p99_s"]
+
+
+def test_one_real_run_has_no_spread_and_a_missing_figure_is_not_judged():
+    out = compare([figures(tpot_p99_s=None)], {"sim": figures(throughput_rps=1.1)})
+    assert out["throughput_rps"]["real_vs_real"] is None
+    assert out["throughput_rps"]["rel_diff"] == pytest.approx(0.1)
+    assert out["tpot_p99_s"]["real"] is None and out["tpot_p99_s"]["rel_diff"] is None
+    assert out["within_15pct"] is True and out["outside_15pct"] == []
+    assert out["beyond_real_noise"] == []
+
+
+def test_a_step_view_reads_the_real_engines_cpu_or_the_models_time_alone():
+    real = {
+        "steps": 100,
+        "step_time_s": 2.0,
+        "engine_cpu_s": 1.25,
+        "rounds": 150,
+        "forward_tokens": 400,
+        "drafted_tokens": 30,
+    }
+    sim = {**real, "alone_time_s": 1.6}
+    del sim["engine_cpu_s"]
+    assert step_view(real) == {
+        "steps": 100,
+        "step_ms": 20.0,
+        "cpu_ms": 12.5,
+        "stretch": 1.6,
+        "rounds_per_step": 1.5,
+        "tokens_per_step": 4.0,
+        "drafted_per_round": 0.2,
+    }
+    assert (step_view(sim)["cpu_ms"], step_view(sim)["stretch"]) == (16.0, 1.25)
+
+
+def test_the_report_shows_both_real_runs_their_spread_the_sim_and_the_steps():
+    run1 = figures(tpot_p50_s=0.020)
+    run2 = figures(tpot_p50_s=0.025)
+    validation = compare([run1, run2], {"sim": figures(tpot_p50_s=0.0225)})
+    steps = {"steps": 10, "step_time_s": 0.2, "rounds": 10, "forward_tokens": 20, "drafted_tokens": 0}
+    validation |= {
+        "command": "python bench/sim_validate.py --models models --measure-profile",
+        "real_measured": "python bench/sim_validate.py --models models --measure-profile",
+        "profile": {"path": "sim/profiles/cpu_measured.json"},
+        "real_engine_steps": [{**steps, "engine_cpu_s": 0.1}, {**steps, "engine_cpu_s": 0.125}],
+        "sim_engine_steps": {**steps, "alone_time_s": 0.16},
+    }
+    lines = validation_lines(validation)
+    assert "profile: `sim/profiles/cpu_measured.json`" in lines[0]
+    assert lines[1].startswith(
+        "| metric | real run 1 | real run 2 | run 2 vs run 1 | sim | sim vs real (mean)"
+    )
+    assert "| tpot_p50_s | 0.02 | 0.025 | +25.0% | 0.0225 | +0.0% | +12.5% | -10.0% |" in lines
+    assert "| throughput_rps | 1.0 | 1.0 | +0.0% | 1.0 | +0.0% | +0.0% | +0.0% |" in lines
+    assert "\nall within 15 %; sim parts from the real mean by more than the real runs part: none\n" in lines
+    assert "| real run 1 | 10 | 20.0 | 10.0 | 2.0 | 1.0 | 2.0 | 0.0 |" in lines
+    assert "| real run 2 | 10 | 20.0 | 12.5 | 1.6 | 1.0 | 2.0 | 0.0 |" in lines
+    assert "| sim | 10 | 20.0 | 16.0 | 1.25 | 1.0 | 2.0 | 0.0 |" in lines

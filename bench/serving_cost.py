@@ -68,7 +68,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from sim_validate import ENGINE, _engine_table, _free_port  # noqa: E402
 
 from sim import step_fit  # noqa: E402
-from sim.profiles import load  # noqa: E402
+from sim.profiles import Profile, load  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 # Ray process titles -> group; what is not named here and was started by this run is "ray_other".
@@ -418,12 +418,13 @@ def machine_busy_s() -> float:
     return (sum(ticks) - ticks[3] - ticks[4]) / TICK  # all but idle and iowait
 
 
-def engine_model_s(run: dict, table: dict | None) -> dict:
+def engine_model_s(run: dict, table: dict | None, profile: Profile | None = None) -> dict:
     """The simulator's engine model (sim/profiles/cpu_measured.json's step terms as they stand, over the
     SPS table the replicas use) for a run's steps, taken at the run's mean tokens and decoding requests per
     step, as plain decoding (the draft gate declines almost every round on this machine: `drafted_tokens`).
-    A check of the profile: about 1.0 once its terms are fitted to these runs."""
-    profile = _with_table(load("cpu_measured"), table)
+    A check of the profile (`profile`, a sim.profiles.Profile; the committed one by default): about 1.0
+    once its terms are fitted to these runs."""
+    profile = _with_table(profile or load("cpu_measured"), table)
     steps = max(1, run["steps"])
     tokens, requests = run["forward_tokens"] / steps, run["rounds"] / steps
     step = profile.step_seconds(max(1, round(tokens)), requests, 0, profile.cost_table())

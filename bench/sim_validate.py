@@ -2,18 +2,33 @@
 
 Real: the demo stack on real Ray Serve (two target replicas with the DSpark drafter, the app's SLA router,
 OpenAI HTTP), an open-loop client that starts each request at its arrival time and streams it (ignore_eos,
-so every request runs to its max_tokens), measuring TTFT and TPOT per request. Simulated: the same requests
-(arrival, prompt tokens as the target's tokenizer counts them, max_tokens, SLA class, domain) on two
-simulated replicas with this machine's profile (sim/profiles/cpu_measured.json), whose SPS table is replaced
-by the one the real replicas use (the newest table in the engine's cache after the stack started) and whose
-engine settings follow the app's. Reported for each metric: real, simulated, and the relative difference.
+so every request runs to its max_tokens), measuring TTFT and TPOT per request. It runs twice, each time on
+a freshly started stack (identical work from an identical state: the engines' prefix caches start empty),
+so the report shows how far the real cluster moves between identical runs beside how far the simulator is
+from their mean (bench/sim_compare.py). Simulated: the same requests (arrival, prompt tokens as the
+target's tokenizer counts them, max_tokens, SLA class, domain) on two simulated replicas with this
+machine's profile (sim/profiles/cpu_measured.json), whose SPS table is replaced by the one the real
+replicas use (the newest table in the engine's cache after the stack started) and whose engine settings
+follow the app's. Reported for each metric: each real run, their spread, simulated, and the differences;
+and the engines' steps over each run (their counters) beside the simulated replicas'.
+
+This machine's speed drifts (more than 2x within an hour has been seen), so a profile measured at another
+time than the real runs measures another machine. --measure-profile measures the profile in the same
+sitting: between the two real runs, bench/serving_cost.py's measurement (its own closed-loop prompts and
+sweeps, never this trace) runs and the profile is derived from it (bench/cost_profile.py); the simulator
+then runs on that fresh profile, which is written with the measurement (its sources name the command and
+the time it started). The two real runs bracket the measurement, so its time is their mean's.
 
 Run on an idle machine (the real half measures this machine), by bench/sim.py or alone:
 
+    python bench/sim_validate.py --models models --measure-profile   # the one-sitting validation
     python bench/sim_validate.py [--quick] [--models models] [--drafter dspark]
+    python bench/sim_validate.py --sim-only    # the simulator again, against the recorded real runs
 
 which writes bench/results/sim_validate.json and, when bench/results/sim.json exists, puts the result
 in its "validation" entry (so `bench/sim.py --skip-validation` and this together make the full report).
+With --measure-profile into bench/results, also bench/results/serving_cost.json and the fresh
+sim/profiles/cpu_measured.json (elsewhere, e.g. --quick: OUT/serving_cost.json and OUT/cpu_measured.json).
 """
 
 from __future__ import annotations
@@ -26,19 +41,23 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
 from bench.sim import markdown as sim_markdown  # noqa: E402
+from bench.sim_compare import METRICS, compare  # noqa: E402
+from sim import step_fit  # noqa: E402
 from sim.cluster import Cluster, ClusterConfig, Group  # noqa: E402
 from sim.metrics import summarize  # noqa: E402
-from sim.profiles import load  # noqa: E402
+from sim.profiles import PROFILE_DIR, Profile, from_dict, load  # noqa: E402
 from sim.scenario import CLASSES  # noqa: E402
 from sim.workload import Request, Workload, generate  # noqa: E402
 
-METRICS = ("throughput_rps", "output_tok_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
+PROFILE = PROFILE_DIR / "cpu_measured.json"
+RESULTS = REPO / "bench" / "results"
 ENGINE = {
     "drafter": "dspark",
     "num_speculative_tokens": 7,
@@ -50,11 +69,17 @@ ENGINE = {
 
 
 def validate(
-    models: str, quick: bool = False, drafter: str = "dspark", real_from: dict | None = None
+    models: str,
+    quick: bool = False,
+    drafter: str = "dspark",
+    real_from: dict | None = None,
+    between: Callable[[], tuple[Profile, dict]] | None = None,
 ) -> dict:
     """`drafter` other than dspark (ngram) serves a target without trained drafters: a smoke run only.
     `real_from`: an earlier result of this function whose real figures are taken instead of running the
-    real stack again (the simulator's half recomputed against the same seeded workload)."""
+    real stack again (the simulator's half recomputed against the same seeded workload, on the profile
+    that result recorded). `between`: run between the two real runs (measure_profile): the profile the
+    simulator then runs on, and what the result records of it."""
     target = Path(models) / "target"
     if not (target / "config.json").is_file() or (
         drafter == "dspark" and not (Path(models) / "drafters" / "dspark").is_dir()
@@ -81,15 +106,33 @@ def validate(
     prompts = _prompts(target, trace)
     classes = CLASSES["cpu_measured"]
     shape = {"rate": rate, "duration_s": duration, "requests": len(trace), "seed": work.seed}
+    profile, recorded, timeline = load("cpu_measured"), {"path": _shown(PROFILE)}, []
     if real_from is not None:
         if real_from.get("workload") != shape:
             raise ValueError(f"the earlier real run's workload {real_from.get('workload')} is not {shape}")
-        r = {m: real_from[m]["real"] for m in METRICS}
+        real_runs = [
+            {m: v for m, v in zip(METRICS, values)}
+            for values in zip(*(real_from[m].get("real_runs") or [real_from[m]["real"]] for m in METRICS))
+        ]
         table = _engine_table(real_from.get("sps_table"))
-        real_steps = real_from.get("real_engine_steps")
+        counters = real_from.get("real_engine_steps")
+        counters = counters if isinstance(counters, list) else [counters]
+        earlier = real_from.get("profile") or {}
+        if earlier.get("path") and (REPO / earlier["path"]).is_file():
+            profile, recorded = load(REPO / earlier["path"]), earlier
+        timeline = real_from.get("timeline", [])
     else:
-        real, real_steps = _run_real(target, trace, prompts, engine)
-        r = summarize(real, classes, warmup, duration)
+        real_runs, counters = [], []
+        for run in range(2):
+            if run == 1 and between is not None:
+                started = time.time()
+                profile, recorded = between()
+                timeline.append(_span("profile measurement", started))
+            started = time.time()
+            real, steps = _run_real(target, trace, prompts, engine)
+            timeline.append(_span(f"real run {run + 1}", started))
+            real_runs.append(summarize(real, classes, warmup, duration))
+            counters.append(steps)
         table = _engine_table()
     out = {
         "workload": shape,
@@ -99,25 +142,63 @@ def validate(
         "real_measured": real_from.get("real_measured", real_from.get("command"))
         if real_from
         else "this run",
-        "real_engine_steps": real_steps,
+        "profile": recorded,
+        "timeline": timeline,
+        # Each real run's engine counters, with the profile's model of the same steps (a check of it).
+        "real_engine_steps": [engine_steps(c, table, profile) if c else None for c in counters],
     }
     # The model as it stands (the engines share the host with the serving path: sim/host.py), and the
     # engine alone on its core (no host block), both against the same real figures.
+    sims = {}
     for label, host in (("sim", True), ("sim_engine_alone", False)):
-        s = summarize(_run_sim(trace, table, host), classes, warmup, duration)
-        for m in METRICS:
-            a, b = r[m], s[m]
-            out.setdefault(m, {"real": a})[label] = b
-            out[m][f"rel_diff_{label}" if label != "sim" else "rel_diff"] = (
-                None if not a or b is None else round((b - a) / a, 4)
-            )
-    diffs = [abs(v["rel_diff"]) for k, v in out.items() if k in METRICS and v["rel_diff"] is not None]
-    out["max_abs_rel_diff"] = round(max(diffs), 4) if diffs else None
-    out["within_15pct"] = bool(diffs) and max(diffs) <= 0.15
-    out["outside_15pct"] = [
-        m for m in METRICS if out[m]["rel_diff"] is not None and abs(out[m]["rel_diff"]) > 0.15
-    ]
-    return out
+        requests, replicas = _run_sim(trace, table, profile, host)
+        sims[label] = summarize(requests, classes, warmup, duration)
+        if label == "sim":
+            out["sim_engine_steps"] = sim_steps(replicas)
+    return {**out, **compare(real_runs, sims)}
+
+
+def _span(what: str, started: float) -> dict:
+    return {
+        "part": what,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "minutes": round((time.time() - started) / 60, 2),
+    }
+
+
+def _shown(path: Path) -> str:
+    """A path as the result records it: relative to the repository when inside it."""
+    path = Path(path).resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def measure_profile(models: str, quick: bool, command: str, measurement: Path, profile_out: Path):
+    """The validation's `between`: a function that runs bench/serving_cost.py's measurement, derives the
+    profile from it (bench/cost_profile.py, over the committed profile's settings and assumptions), writes
+    both (at once: a sitting that fails later still leaves a consistent pair) and gives the profile and
+    what the result records of it."""
+
+    def between() -> tuple[Profile, dict]:
+        from bench.cost_profile import profile_from
+        from bench.serving_cost import QUICK, Settings, measure
+
+        data = measure(models, QUICK if quick else Settings(), command)
+        measurement.parent.mkdir(parents=True, exist_ok=True)
+        measurement.write_text(json.dumps(data, indent=1) + "\n")
+        fresh = profile_from(data)
+        profile_out.parent.mkdir(parents=True, exist_ok=True)
+        profile_out.write_text(json.dumps(fresh, indent=1) + "\n")
+        recorded = {
+            "path": _shown(profile_out),
+            "measurement": _shown(measurement),
+            "measured_at": data["measured_at"],
+            "measure_minutes": data["wall_minutes"],
+            "request_path_s": fresh["request_path_s"],
+            **{k: fresh[k] for k in (*step_fit.TERMS, *step_fit.DRAFT_TERMS)},
+        }
+        return from_dict(fresh), recorded
+
+    return between
 
 
 def _prompts(target: Path, trace: list[Request]) -> list[str]:
@@ -174,18 +255,28 @@ def _run_real(
     finally:
         serve.shutdown()
         ray.shutdown()
-    return real, engine_steps(window, _engine_table())
+    return real, window.steps
 
 
-def engine_steps(window, table: dict | None) -> dict:
-    """The real engines' steps over the run (bench/serving_cost.StepWindow) with the profile's model of
+def engine_steps(steps: dict, table: dict | None, profile: Profile) -> dict:
+    """The real engines' steps over a run (bench/serving_cost.StepWindow) with the profile's model of
     the same steps: where a simulated step and a real one part, step by step rather than only in the
     latencies."""
     from bench.serving_cost import engine_model_s
 
-    steps = window.steps
+    steps = {
+        k: v for k, v in steps.items() if k not in ("sps_table", "engine_model_s", "engine_cpu_over_model")
+    }
     mean_step = round(steps["step_time_s"] / max(1, steps["steps"]), 5)
-    return {**steps, "mean_step_wall_s": mean_step, **engine_model_s(steps, table)}
+    return {**steps, "mean_step_wall_s": mean_step, **engine_model_s(steps, table, profile)}
+
+
+def sim_steps(replicas: list) -> dict:
+    """The simulated replicas' counters summed, under the real engines' counter names (bench/sim_compare's
+    step_view reads both)."""
+    keys = ("steps", "step_time_s", "alone_time_s", "rounds", "forward_tokens", "drafted_tokens")
+    keys += ("accepted_tokens", "generated_tokens")
+    return {k: round(sum(getattr(r.counters, k) for r in replicas), 4) for k in keys}
 
 
 async def _drive(client, model: str, requests: list[Request], prompts: list[str]) -> None:
@@ -241,8 +332,9 @@ def _engine_table(path: str | None = None) -> dict | None:
     return None
 
 
-def _run_sim(trace: list[Request], table: dict | None, host: bool = True) -> list[Request]:
-    profile = load("cpu_measured")
+def _run_sim(
+    trace: list[Request], table: dict | None, profile: Profile, host: bool = True
+) -> tuple[list[Request], list]:
     profile = dataclasses.replace(
         profile, max_num_seqs=ENGINE["max_num_seqs"], host=profile.host if host else None, cache={}
     )
@@ -261,8 +353,9 @@ def _run_sim(trace: list[Request], table: dict | None, host: bool = True) -> lis
     config = ClusterConfig(
         fleet=[Group(profile, 2)], classes=CLASSES["cpu_measured"], default_class="standard", router="sla"
     )
-    Cluster(config, requests).run(trace[-1].arrival + 600.0 if trace else 0.0)
-    return requests
+    cluster = Cluster(config, requests)
+    cluster.run(trace[-1].arrival + 600.0 if trace else 0.0)
+    return requests, cluster.all_replicas()
 
 
 def _free_port() -> int:
@@ -282,16 +375,37 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="keep the real figures of OUT/sim_validate.json (same workload) and rerun only the simulator",
     )
+    p.add_argument(
+        "--measure-profile",
+        action="store_true",
+        help="measure the profile (bench/serving_cost.py, its --quick with --quick) between the real runs "
+        "and simulate on it: into OUT/serving_cost.json and PROFILE_OUT",
+    )
+    p.add_argument(
+        "--profile-out",
+        type=Path,
+        default=None,
+        help="sim/profiles/cpu_measured.json when OUT is bench/results, else OUT/cpu_measured.json",
+    )
     args = p.parse_args(argv)
-    out = args.out or (REPO / "build" / "sim_quick" if args.quick else REPO / "bench" / "results")
+    if args.sim_only and args.measure_profile:
+        p.error("--sim-only keeps the recorded real runs and profile: nothing to measure")
+    out = args.out or (REPO / "build" / "sim_quick" if args.quick else RESULTS)
     out.mkdir(parents=True, exist_ok=True)
+    command = "python bench/sim_validate.py " + " ".join(argv if argv is not None else sys.argv[1:])
     start = time.time()
     real_from = json.loads((out / "sim_validate.json").read_text()) if args.sim_only else None
-    result = validate(args.models, quick=args.quick, drafter=args.drafter, real_from=real_from)
+    between = None
+    if args.measure_profile:
+        default = PROFILE if out.resolve() == RESULTS.resolve() else out / "cpu_measured.json"
+        between = measure_profile(
+            args.models, args.quick, command, out / "serving_cost.json", args.profile_out or default
+        )
+    result = validate(args.models, args.quick, args.drafter, real_from, between)
     result["wall_minutes"] = round((time.time() - start) / 60, 2)
-    result["command"] = "python bench/sim_validate.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    result["command"] = command
     if result.get("real_measured") == "this run":
-        result["real_measured"] = result["command"]
+        result["real_measured"] = command
     (out / "sim_validate.json").write_text(json.dumps(result, indent=1))
     report = out / "sim.json"
     if report.is_file():

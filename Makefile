@@ -47,7 +47,9 @@ bench: models
 # About 30 min on an idle 2-core machine: the simulation ~25 (the 20 s traces of session 6 took 11 min, 36
 # runs at 100 replicas 831 CPU-s; the 60 s traces since session 7 cost ~3x per run, measured on 4 arms at
 # 80% load: ~42 CPU-min, ~21 min on 2 workers; then 3 runs at 1,000 ~1.5, the scale section alone ~2.5), the
-# validation ~5. `$(PY) bench/sim.py --quick` is a smoke run.
+# validation ~5 (two real runs on the committed profile; `$(PY) bench/sim_validate.py --models $(MODELS)
+# --measure-profile` after `bench/sim.py --skip-validation` measures the profile between them instead,
+# ~9 min). `$(PY) bench/sim.py --quick` is a smoke run.
 sim: install
 	$(PY) bench/sim.py --models $(MODELS)
 

@@ -2,8 +2,9 @@
 and validation of the simulator against real Ray Serve on this machine.
 
     python bench/sim.py --skip-validation    # the simulation (see the Makefile's `sim` for its run time)
-    python bench/sim_validate.py             # then the validation, into the same sim.json (about 5 min)
-    python bench/sim.py                      # both in one go
+    python bench/sim_validate.py --measure-profile   # then the validation, into the same sim.json, with
+                                             # the profile measured in the same sitting (about 9 min)
+    python bench/sim.py                      # both in one go (the validation on the committed profile)
     python bench/sim.py --quick              # a smoke run: tiny fleets, seconds of simulated time
 
 Arms: routers {pow2 (Ray Serve's default), round_robin, sla (router/)} x budgets {fixed (a block of gamma
@@ -26,9 +27,10 @@ and scoring every replica, for contrast) and the wall time of a 1,000-replica tr
 issue's 10 minutes from the trace's loaded second half: a 10-minute trace at 1,000 replicas and 80% load
 is ~8.7 million requests, held in memory from the start (several GB), and would run for over an hour here
 at the rate measured (bench/results/sim.md's Scale line says which). Validation: one
-seeded workload on the real demo stack (two replicas, OpenAI HTTP, streaming) and in the simulator with
-this machine's profile, whose SPS table is replaced by the one the real replicas use; throughput and
-p50/p99 TTFT and TPOT, both ways.
+seeded workload on the real demo stack (two replicas, OpenAI HTTP, streaming; run twice to show the real
+cluster's own noise) and in the simulator with this machine's profile, whose SPS table is replaced by the
+one the real replicas use; throughput and p50/p99 TTFT and TPOT, both ways (bench/sim_validate.py: this
+machine's speed drifts, so its --measure-profile measures the profile between the two real runs).
 
 Writes bench/results/sim.json, bench/results/sim.md and PNGs (attainment vs load per arm, budget over time).
 """

@@ -56,6 +56,8 @@ class Profile:
     cache: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     def __post_init__(self) -> None:
+        if self.forward_scale <= 0:  # a step always runs its forward (and the draft gate divides by it)
+            raise ValueError(f"forward_scale must be positive, got {self.forward_scale}")
         for domain, row in self.acceptance.items():
             if len(row) < self.gamma or not all(0 <= c <= 1 for c in row):
                 raise ValueError(f"acceptance[{domain!r}] needs {self.gamma} probabilities in [0, 1]")

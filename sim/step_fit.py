@@ -14,7 +14,10 @@ decoding requests over those steps (the engine's own counters, summed over the r
 thread's CPU time less its drafting (the engine's own drafting seconds at the share of its steps' wall
 time it spent on a CPU: the profile's drafter terms price drafting apart). Each run is one point at its
 mean tokens and requests per step; the terms are the non-negative least-squares fit of plain CPU per step
-on (1 / SPS(mean tokens), 1, requests, tokens) over the points. A fit needs points that vary both
+on (1 / SPS(mean tokens), 1, requests, tokens) over the points, the forward's term kept in (a step always
+runs its forward: a fit that would price it at 0 has let the overheads absorb it, and a profile whose
+forward costs nothing cannot time the draft gate's comparison, which is on the table's clock; the fit
+refuses runs that show no forward cost). A fit needs points that vary both
 (several concurrencies, and a run with longer prompts: at one prompt shape tokens per step move with
 requests per step and the two terms cannot be told apart).
 
@@ -88,7 +91,7 @@ def fit_step_terms(runs: Sequence[EngineRun], table: Table) -> dict[str, float]:
     """The non-negative least-squares terms over `runs` (see the module docstring)."""
     x = [[forward_s(r, table), 1.0, r.requests_per_step, r.tokens_per_step] for r in runs]
     y = [r.plain_cpu_s / r.steps for r in runs]
-    return dict(zip(TERMS, nonnegative_least_squares(x, y, "requests and tokens")))
+    return dict(zip(TERMS, nonnegative_least_squares(x, y, "requests and tokens", required=(0,))))
 
 
 def fit_draft_terms(runs: Sequence[EngineRun]) -> dict[str, float]:
@@ -98,24 +101,32 @@ def fit_draft_terms(runs: Sequence[EngineRun]) -> dict[str, float]:
     return dict(zip(DRAFT_TERMS, nonnegative_least_squares(x, y, "requests")))
 
 
-def nonnegative_least_squares(rows: list[list[float]], y: list[float], varied: str) -> list[float]:
-    """argmin |y - x c| over c >= 0, exact for a few unknowns: every subset of the columns is solved
-    unconstrained (the others held at 0) and the feasible solution of least squared error is kept, which
-    is where the constrained optimum lies."""
+def nonnegative_least_squares(
+    rows: list[list[float]], y: list[float], varied: str, required: tuple[int, ...] = ()
+) -> list[float]:
+    """argmin |y - x c| over c >= 0 (and c > 0 for the `required` columns), exact for a few unknowns:
+    every subset of the columns (holding the required ones) is solved unconstrained, the others held at 0,
+    and the feasible solution of least squared error is kept, which is where the constrained optimum
+    lies."""
     x, target = np.array(rows), np.array(y)
     terms = x.shape[1]
     if len(rows) < terms:
         raise ValueError(f"a fit of {terms} terms needs at least {terms} runs, got {len(rows)}")
     if np.linalg.matrix_rank(x) < terms:
         raise ValueError(f"the runs do not vary {varied} per step independently: add runs")
-    best, best_err = np.zeros(terms), float(target @ target)
+    best, best_err = None if required else np.zeros(terms), float(target @ target)
     for size in range(1, terms + 1):
         for cols in itertools.combinations(range(terms), size):
+            if not set(required) <= set(cols):
+                continue
             coef = np.zeros(terms)
             coef[list(cols)] = np.linalg.lstsq(x[:, cols], target, rcond=None)[0]
             err = float(np.sum((target - x @ coef) ** 2))
-            if coef.min() >= 0 and err < best_err - 1e-18:
+            feasible = coef.min() >= 0 and all(coef[c] > 0 for c in required)
+            if feasible and (best is None or err < best_err - 1e-18):
                 best, best_err = coef, err
+    if best is None:
+        raise ValueError(f"no fit with positive terms {list(required)}: the runs do not show their cost")
     return [float(v) for v in best]
 
 

@@ -7,7 +7,14 @@ import pytest
 
 from dspark.cost_table import CostTable
 from sim.replica import SimReplica
-from sim.step_fit import EngineRun, cpu_over_model, fit_draft_terms, fit_step_terms, model_s
+from sim.step_fit import (
+    EngineRun,
+    cpu_over_model,
+    fit_draft_terms,
+    fit_step_terms,
+    model_s,
+    nonnegative_least_squares,
+)
 from sim.workload import Request
 from tests.sim.test_simulator import small_profile
 
@@ -58,6 +65,36 @@ def test_a_term_the_runs_would_make_negative_is_held_at_zero_and_the_others_refi
     assert fitted["token_overhead_s"] == 0.0
     assert min(fitted.values()) >= 0.0
     assert fitted["step_overhead_s"] > 0 and fitted["request_overhead_s"] > 0
+
+
+def test_the_forward_term_is_kept_where_the_overheads_could_absorb_it():
+    """Four noisy runs (a --quick smoke's sweep on a loaded machine: (1/SPS, 1, requests, tokens) per step
+    against plain CPU per step): the fit free of the forward prices it at 0 and lets the overheads take
+    it, a profile whose forward costs nothing (and whose draft gate, on the table's clock, divides by it);
+    kept in, the forward is priced, at a slightly larger error."""
+    rows = [
+        [0.0084912026936948, 1.0, 0.8620689655172413, 3.3448275862068964],
+        [0.0084912026936948, 1.0, 0.875, 2.84375],
+        [0.010011191611214092, 1.0, 1.5555555555555556, 5.055555555555555],
+        [0.015635618172731756, 1.0, 1.5, 26.666666666666668],
+    ]
+    y = [0.013711331285423787, 0.012809054390211105, 0.01443747150481401, 0.01995550926461701]
+    free = nonnegative_least_squares(rows, y, "requests and tokens")
+    assert free[0] == 0.0 and free[1] > 0
+    kept = nonnegative_least_squares(rows, y, "requests and tokens", required=(0,))
+    assert kept == pytest.approx([0.566684637, 0.008129913, 0.0, 0.000111746], rel=1e-5, abs=1e-12)
+
+    def error(c):
+        return sum((t - sum(a * b for a, b in zip(r, c))) ** 2 for r, t in zip(rows, y))
+
+    assert error(free) < error(kept)
+    with pytest.raises(ValueError, match="no fit with positive terms"):
+        nonnegative_least_squares([[1.0, 1.0], [2.0, 1.0]], [0.0, 0.0], "requests", required=(0,))
+
+
+def test_a_profile_whose_forward_costs_nothing_is_refused():
+    with pytest.raises(ValueError, match="forward_scale must be positive"):
+        small_profile(forward_scale=0.0)
 
 
 def test_runs_at_one_prompt_shape_cannot_tell_requests_from_tokens_and_are_refused():

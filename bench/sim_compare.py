@@ -115,6 +115,9 @@ def validation_lines(validation: dict) -> list[str]:
             ", ".join(beyond) if beyond else "none"
         )
     lines.append(f"\n{verdict}\n")
+    if validation.get("timeline"):  # the sitting, in order: what ran when
+        parts = [f"{p['part']} {p['started']} ({p['minutes']} min)" for p in validation["timeline"]]
+        lines.append("Sitting: " + "; ".join(parts) + "\n")
     return lines + step_lines(validation)
 
 

@@ -77,6 +77,10 @@ def test_the_report_shows_both_real_runs_their_spread_the_sim_and_the_steps():
         "profile": {"path": "sim/profiles/cpu_measured.json"},
         "real_engine_steps": [{**steps, "engine_cpu_s": 0.1}, {**steps, "engine_cpu_s": 0.125}],
         "sim_engine_steps": {**steps, "alone_time_s": 0.16},
+        "timeline": [
+            {"part": "real run 1", "started": "2026-11-30T10:00:00Z", "minutes": 2.6},
+            {"part": "profile measurement", "started": "2026-11-30T10:02:36Z", "minutes": 1.7},
+        ],
     }
     lines = validation_lines(validation)
     assert "profile: `sim/profiles/cpu_measured.json`" in lines[0]
@@ -86,6 +90,10 @@ def test_the_report_shows_both_real_runs_their_spread_the_sim_and_the_steps():
     assert "| tpot_p50_s | 0.02 | 0.025 | +25.0% | 0.0225 | +0.0% | +12.5% | -10.0% |" in lines
     assert "| throughput_rps | 1.0 | 1.0 | +0.0% | 1.0 | +0.0% | +0.0% | +0.0% |" in lines
     assert "\nall within 15 %; sim parts from the real mean by more than the real runs part: none\n" in lines
+    assert (
+        "Sitting: real run 1 2026-11-30T10:00:00Z (2.6 min); "
+        "profile measurement 2026-11-30T10:02:36Z (1.7 min)\n"
+    ) in lines
     assert "| real run 1 | 10 | 20.0 | 10.0 | 2.0 | 1.0 | 2.0 | 0.0 |" in lines
     assert "| real run 2 | 10 | 20.0 | 12.5 | 1.6 | 1.0 | 2.0 | 0.0 |" in lines
     assert "| sim | 10 | 20.0 | 16.0 | 1.25 | 1.0 | 2.0 | 0.0 |" in lines

@@ -54,7 +54,8 @@ def compare(real_runs: list[dict], sims: dict[str, dict]) -> dict:
 
 def step_view(counters: dict) -> dict:
     """A run's engine steps per step: wall, CPU (the real engine thread's, or the model's time alone on a
-    core), the host's stretch (wall over CPU), decoding requests, forward tokens, and drafts per round."""
+    core), the host's stretch (wall over CPU), decoding requests, forward tokens, and drafts per round;
+    and, for a real run, the cores other work kept busy meanwhile."""
     steps = max(1, counters["steps"])
     cpu = counters["engine_cpu_s"] if "engine_cpu_s" in counters else counters["alone_time_s"]
     rounds = max(1, counters["rounds"])
@@ -66,6 +67,11 @@ def step_view(counters: dict) -> dict:
         "rounds_per_step": round(counters["rounds"] / steps, 3),
         "tokens_per_step": round(counters["forward_tokens"] / steps, 3),
         "drafted_per_round": round(counters["drafted_tokens"] / rounds, 3),
+        # Busy cores beyond the stack's own: other work on the machine, which no profile knows about (a
+        # real run with it measured a slower machine than the one the profile describes).
+        "other_cores": round(counters["machine_busy_cores"] - counters["stack_cores"], 3)
+        if "stack_cores" in counters
+        else None,
     }
 
 
@@ -77,6 +83,7 @@ STEP_COLUMNS = (
     ("rounds_per_step", "requests / step"),
     ("tokens_per_step", "tokens / step"),
     ("drafted_per_round", "drafts / request"),
+    ("other_cores", "other work, cores"),
 )
 
 
@@ -135,7 +142,8 @@ def step_lines(validation: dict) -> list[str]:
         "|---|" + "---:|" * len(STEP_COLUMNS),
     ]
     for label, view in rows:
-        lines.append(f"| {label} | " + " | ".join(str(view[key]) for key, _ in STEP_COLUMNS) + " |")
+        cells = ("-" if view[key] is None else str(view[key]) for key, _ in STEP_COLUMNS)
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines + [""]
 
 

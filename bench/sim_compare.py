@@ -67,6 +67,9 @@ def step_view(counters: dict) -> dict:
         "rounds_per_step": round(counters["rounds"] / steps, 3),
         "tokens_per_step": round(counters["forward_tokens"] / steps, 3),
         "drafted_per_round": round(counters["drafted_tokens"] / rounds, 3),
+        # CPU over the profile's model at the run's mean step (bench/serving_cost.engine_model_s): the
+        # real runs' against the sim's own says how far the real engines are from the profile.
+        "cpu_over_model": counters.get("engine_cpu_over_model"),
         # Busy cores beyond the stack's own: other work on the machine, which no profile knows about (a
         # real run with it measured a slower machine than the one the profile describes).
         "other_cores": round(counters["machine_busy_cores"] - counters["stack_cores"], 3)
@@ -83,6 +86,7 @@ STEP_COLUMNS = (
     ("rounds_per_step", "requests / step"),
     ("tokens_per_step", "tokens / step"),
     ("drafted_per_round", "drafts / request"),
+    ("cpu_over_model", "CPU / model"),
     ("other_cores", "other work, cores"),
 )
 
@@ -144,7 +148,16 @@ def step_lines(validation: dict) -> list[str]:
     for label, view in rows:
         cells = ("-" if view[key] is None else str(view[key]) for key, _ in STEP_COLUMNS)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    shared = [f"{label} {view['other_cores']}" for label, view in rows if (view["other_cores"] or 0) > SHARED]
+    if shared:
+        lines.append(
+            f"\nOther work kept cores busy during the real runs ({', '.join(shared)}): the machine was "
+            "shared, and these real figures measure a slower machine than the profile describes."
+        )
     return lines + [""]
+
+
+SHARED = 0.1  # cores of other work during a real run above which the report says the machine was shared
 
 
 def _pct(value: float | None) -> str:

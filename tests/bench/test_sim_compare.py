@@ -53,8 +53,10 @@ def test_a_step_view_reads_the_real_engines_cpu_or_the_models_time_alone():
         "drafted_tokens": 30,
         "machine_busy_cores": 1.95,
         "stack_cores": 1.7,
+        "engine_cpu_over_model": 1.07,
     }
-    sim = {k: v for k, v in real.items() if k not in ("engine_cpu_s", "machine_busy_cores", "stack_cores")}
+    real_only = ("engine_cpu_s", "machine_busy_cores", "stack_cores", "engine_cpu_over_model")
+    sim = {k: v for k, v in real.items() if k not in real_only}
     sim["alone_time_s"] = 1.6
     assert step_view(real) == {
         "steps": 100,
@@ -64,10 +66,11 @@ def test_a_step_view_reads_the_real_engines_cpu_or_the_models_time_alone():
         "rounds_per_step": 1.5,
         "tokens_per_step": 4.0,
         "drafted_per_round": 0.2,
+        "cpu_over_model": 1.07,
         "other_cores": 0.25,
     }
     assert (step_view(sim)["cpu_ms"], step_view(sim)["stretch"]) == (16.0, 1.25)
-    assert step_view(sim)["other_cores"] is None
+    assert step_view(sim)["other_cores"] is None and step_view(sim)["cpu_over_model"] is None
 
 
 def test_the_report_shows_both_real_runs_their_spread_the_sim_and_the_steps():
@@ -76,12 +79,16 @@ def test_the_report_shows_both_real_runs_their_spread_the_sim_and_the_steps():
     validation = compare([run1, run2], {"sim": figures(tpot_p50_s=0.0225)})
     steps = {"steps": 10, "step_time_s": 0.2, "rounds": 10, "forward_tokens": 20, "drafted_tokens": 0}
     busy = {"machine_busy_cores": 1.5, "stack_cores": 1.5}
+    shared = {"machine_busy_cores": 1.9, "stack_cores": 1.6}
     validation |= {
         "command": "python bench/sim_validate.py --models models --measure-profile",
         "real_measured": "python bench/sim_validate.py --models models --measure-profile",
         "profile": {"path": "sim/profiles/cpu_measured.json"},
-        "real_engine_steps": [{**steps, **busy, "engine_cpu_s": 0.1}, {**steps, "engine_cpu_s": 0.125}],
-        "sim_engine_steps": {**steps, "alone_time_s": 0.16},
+        "real_engine_steps": [
+            {**steps, **busy, "engine_cpu_s": 0.1, "engine_cpu_over_model": 1.1},
+            {**steps, **shared, "engine_cpu_s": 0.125},
+        ],
+        "sim_engine_steps": {**steps, "alone_time_s": 0.16, "engine_cpu_over_model": 1.04},
         "timeline": [
             {"part": "real run 1", "started": "2026-11-30T10:00:00Z", "minutes": 2.6},
             {"part": "profile measurement", "started": "2026-11-30T10:02:36Z", "minutes": 1.7},
@@ -99,6 +106,8 @@ def test_the_report_shows_both_real_runs_their_spread_the_sim_and_the_steps():
         "Sitting: real run 1 2026-11-30T10:00:00Z (2.6 min); "
         "profile measurement 2026-11-30T10:02:36Z (1.7 min)\n"
     ) in lines
-    assert "| real run 1 | 10 | 20.0 | 10.0 | 2.0 | 1.0 | 2.0 | 0.0 | 0.0 |" in lines
-    assert "| real run 2 | 10 | 20.0 | 12.5 | 1.6 | 1.0 | 2.0 | 0.0 | - |" in lines
-    assert "| sim | 10 | 20.0 | 16.0 | 1.25 | 1.0 | 2.0 | 0.0 | - |" in lines
+    assert "| real run 1 | 10 | 20.0 | 10.0 | 2.0 | 1.0 | 2.0 | 0.0 | 1.1 | 0.0 |" in lines
+    assert "| real run 2 | 10 | 20.0 | 12.5 | 1.6 | 1.0 | 2.0 | 0.0 | - | 0.3 |" in lines
+    assert "| sim | 10 | 20.0 | 16.0 | 1.25 | 1.0 | 2.0 | 0.0 | 1.04 | - |" in lines
+    (note,) = [line for line in lines if line.startswith("\nOther work")]
+    assert "(real run 2 0.3)" in note

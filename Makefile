@@ -49,7 +49,7 @@ bench: models
 # 80% load: ~42 CPU-min, ~21 min on 2 workers; then 3 runs at 1,000 ~1.5, the scale section alone ~2.5), the
 # validation ~5 (two real runs on the committed profile; `$(PY) bench/sim_validate.py --models $(MODELS)
 # --measure-profile` after `bench/sim.py --skip-validation` measures the profile between them instead,
-# ~9 min). `$(PY) bench/sim.py --quick` is a smoke run.
+# ~7.5 min: two real runs of ~2.5 and the measurement ~2). `$(PY) bench/sim.py --quick` is a smoke run.
 sim: install
 	$(PY) bench/sim.py --models $(MODELS)
 

@@ -3,7 +3,7 @@ and validation of the simulator against real Ray Serve on this machine.
 
     python bench/sim.py --skip-validation    # the simulation (see the Makefile's `sim` for its run time)
     python bench/sim_validate.py --measure-profile   # then the validation, into the same sim.json, with
-                                             # the profile measured in the same sitting (about 9 min)
+                                             # the profile measured in the same sitting (about 7.5 min)
     python bench/sim.py                      # both in one go (the validation on the committed profile)
     python bench/sim.py --quick              # a smoke run: tiny fleets, seconds of simulated time
 

@@ -21,7 +21,7 @@ the time it started). The two real runs bracket the measurement, so its time is 
 
 Run on an idle machine (the real half measures this machine), by bench/sim.py or alone:
 
-    python bench/sim_validate.py --models models --measure-profile   # the one-sitting validation
+    python bench/sim_validate.py --models models --measure-profile   # one sitting, about 7.5 min
     python bench/sim_validate.py [--quick] [--models models] [--drafter dspark]
     python bench/sim_validate.py --sim-only    # the simulator again, against the recorded real runs
 

@@ -5,8 +5,9 @@ measurement without one, from bench/serve.py's proxy run);
 with an engine sweep, the profile's SPS table (the one the served replicas used) and its step, request
 and token overheads are fitted to the sweep's runs, and with a draft sweep (the draft gate off) its
 drafter terms (sim/step_fit.py). Each fitted term's source entry is rewritten to name the runs it came
-from; a measurement without a sweep leaves those terms and their sources as they are. Pure but for
-write_profile, which reads the measurements and writes the profile.
+from; a measurement without a sweep leaves those terms and their sources as they are. host_check sets the
+host model's stretch beside the one measured in each sweep run (runs that record their wall time). Pure
+but for profile_from and write_profile, which read the measurements (and write the profile).
 
     python bench/serving_cost.py --write-profile [--out MEASUREMENT]
 """
@@ -17,6 +18,7 @@ import json
 from pathlib import Path
 
 from sim import step_fit
+from sim.host import stretch
 from sim.profiles import from_dict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -185,6 +187,32 @@ def _fit_drafter(out: dict, serving: dict, command: str) -> dict[str, str]:
         f"validation's trace): {draft['draft_s_per_step'] * 1e3:.3g} ms + "
         f"{draft['draft_s_per_request'] * 1e3:.3g} ms x N",
     }
+
+
+def host_check(serving: dict, host: dict) -> dict[str, dict]:
+    """The host model (sim/host.py) against the engine sweep's runs, where both engines step almost
+    throughout (closed loop): each run's measured stretch (the engines' step wall over their CPU) beside
+    the model's for two engines stepping at the run's own measured serving load (the stack's busy cores
+    less the engines'), and the same with the other work on the machine added to that load. Runs
+    recorded without their wall time (before it was recorded) are left out."""
+    out = {}
+    for label in serving.get("engine_sweep", []):
+        run = serving["engine_steps"][label]
+        if "wall_s" not in run:
+            continue
+        wall, cpu = run["wall_s"], run["engine_cpu_s"]
+        load = run["stack_cores"] - cpu / wall
+        other = max(0.0, run["machine_busy_cores"] - run["stack_cores"])
+        engines, cores, processes = host["replicas"], host["cores"], host["path_processes"]
+        out[label] = {
+            "measured": round(run["step_time_s"] / cpu, 3),
+            "model": round(stretch(load, cores, engines, processes), 3),
+            "model_with_other_work": round(stretch(load + other, cores, engines, processes), 3),
+            "serving_load_cores": round(load, 3),
+            "other_work_cores": round(other, 3),
+            "engines_stepping": round(run["step_time_s"] / (engines * wall), 3),
+        }
+    return out
 
 
 ACCEPT = REPO / "bench" / "results" / "accept.json"

@@ -409,6 +409,7 @@ class StepWindow:
             **engine_time(engine_counters(self.app_name), self._counters, self.spent),
             "machine_busy_cores": round((machine_busy_s() - self._busy) / self.wall_s, 3),
             "stack_cores": round(stack / self.wall_s, 3),
+            "wall_s": round(self.wall_s, 3),
         }
 
 

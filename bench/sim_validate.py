@@ -179,7 +179,7 @@ def measure_profile(models: str, quick: bool, command: str, measurement: Path, p
     what the result records of it."""
 
     def between() -> tuple[Profile, dict]:
-        from bench.cost_profile import profile_from
+        from bench.cost_profile import host_check, profile_from
         from bench.serving_cost import QUICK, Settings, measure
 
         data = measure(models, QUICK if quick else Settings(), command)
@@ -189,6 +189,8 @@ def measure_profile(models: str, quick: bool, command: str, measurement: Path, p
         profile_out.parent.mkdir(parents=True, exist_ok=True)
         profile_out.write_text(json.dumps(fresh, indent=1) + "\n")
         recorded = {
+            # The host model on the measurement's own engine runs (bench/cost_profile.host_check).
+            "host_check": host_check(data["serving"], fresh["host"]),
             "path": _shown(profile_out),
             "measurement": _shown(measurement),
             "measured_at": data["measured_at"],

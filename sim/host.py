@@ -79,8 +79,13 @@ class Host:
 
     def stretch(self, now: float) -> float:
         """How much longer than alone a step starting now runs (with `stepping` counting it)."""
-        load, cores, stepping = self.load(now), self.cost.cores, self.stepping
-        equal = cores / (stepping + self.cost.path_processes)
-        if load / self.cost.path_processes <= equal:
-            return max(1.0, stepping / (cores - load))
-        return max(1.0, 1.0 / equal)
+        return stretch(self.load(now), self.cost.cores, self.stepping, self.cost.path_processes)
+
+
+def stretch(load: float, cores: int, stepping: int, path_processes: int) -> float:
+    """A step's wall over its time alone with `stepping` engines stepping (itself included) and the serving
+    path's `path_processes` keeping `load` cores busy (the module docstring's max-min fair share)."""
+    equal = cores / (stepping + path_processes)
+    if load / path_processes <= equal:
+        return max(1.0, stepping / (cores - load))
+    return max(1.0, 1.0 / equal)

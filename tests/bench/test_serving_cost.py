@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.cost_profile import derive_profile, provenance
+from bench.cost_profile import derive_profile, host_check, provenance
 from bench.serving_cost import (
     ENGINE_COUNTERS,
     engine_time,
@@ -175,3 +175,30 @@ def test_a_measurement_with_its_own_path_run_and_time_sets_request_path_s_and_na
     # Every fitted source names the sitting (the committed measurement has sweeps).
     fitted = [s for s in fresh["sources"] if s.startswith(("SPS(B)", "engine overhead", "drafter cost"))]
     assert len(fitted) == 3 and all(named in s for s in fitted)
+
+
+def test_the_host_check_sets_each_sweep_runs_measured_stretch_beside_the_host_models():
+    """Two engines stepping on 2 cores beside a serving path keeping 0.7 cores busy (5 processes, each
+    under its equal share): the model stretches a step 2 / (2 - 0.7); with 0.2 cores of other work on the
+    machine added, 2 / 1.1. A run recorded without its wall time is left out."""
+    host = {"cores": 2, "replicas": 2, "path_processes": 5}
+    run = {
+        "wall_s": 10.0,
+        "engine_cpu_s": 8.0,
+        "step_time_s": 16.0,
+        "stack_cores": 1.5,
+        "machine_busy_cores": 1.7,
+    }
+    old = {k: v for k, v in run.items() if k != "wall_s"}
+    serving = {"engine_sweep": ["engine_c2_p48", "engine_c4_p48"]}
+    serving["engine_steps"] = {"engine_c2_p48": run, "engine_c4_p48": old}
+    assert host_check(serving, host) == {
+        "engine_c2_p48": {
+            "measured": 2.0,
+            "model": 1.538,
+            "model_with_other_work": 1.818,
+            "serving_load_cores": 0.7,
+            "other_work_cores": 0.2,
+            "engines_stepping": 0.8,
+        }
+    }

@@ -83,7 +83,13 @@ def test_the_report_shows_both_real_runs_their_spread_the_sim_and_the_steps():
     validation |= {
         "command": "python bench/sim_validate.py --models models --measure-profile",
         "real_measured": "python bench/sim_validate.py --models models --measure-profile",
-        "profile": {"path": "sim/profiles/cpu_measured.json"},
+        "profile": {
+            "path": "sim/profiles/cpu_measured.json",
+            "host_check": {
+                "engine_c2_p48": {"measured": 1.6, "model": 1.5, "model_with_other_work": 1.55},
+                "engine_c8_p48": {"measured": 1.7, "model": 1.6, "model_with_other_work": 1.7},
+            },
+        },
         "real_engine_steps": [
             {**steps, **busy, "engine_cpu_s": 0.1, "engine_cpu_over_model": 1.1},
             {**steps, **shared, "engine_cpu_s": 0.125},
@@ -102,6 +108,10 @@ def test_the_report_shows_both_real_runs_their_spread_the_sim_and_the_steps():
     assert "| tpot_p50_s | 0.02 | 0.025 | +25.0% | 0.0225 | +0.0% | +12.5% | -10.0% |" in lines
     assert "| throughput_rps | 1.0 | 1.0 | +0.0% | 1.0 | +0.0% | +0.0% | +0.0% |" in lines
     assert "\nall within 15 %; sim parts from the real mean by more than the real runs part: none\n" in lines
+    assert (
+        "Host model on the profile measurement's engine runs, stretch measured / modelled (modelled with "
+        "the other work on the machine): engine_c2_p48 1.6 / 1.5 (1.55); engine_c8_p48 1.7 / 1.6 (1.7)\n"
+    ) in lines
     assert (
         "Sitting: real run 1 2026-11-30T10:00:00Z (2.6 min); "
         "profile measurement 2026-11-30T10:02:36Z (1.7 min)\n"

@@ -129,11 +129,13 @@ def validation_lines(validation: dict) -> list[str]:
     checked = (validation.get("profile") or {}).get("host_check")
     if checked:  # the host model on the profile measurement's own runs
         runs = [
-            f"{k} {v['measured']} / {v['model']} ({v['model_with_other_work']})" for k, v in checked.items()
+            f"{k} {v['measured']} / {v['model']} ({v['model_with_other_work']}; {v['engines_stepping']})"
+            for k, v in checked.items()
         ]
         lines.append(
             "Host model on the profile measurement's engine runs, stretch measured / modelled (modelled "
-            "with the other work on the machine): " + "; ".join(runs) + "\n"
+            "with the other work on the machine; the share of the run the engines stepped, the model's "
+            "premise being 1): " + "; ".join(runs) + "\n"
         )
     if validation.get("timeline"):  # the sitting, in order: what ran when
         parts = [f"{p['part']} {p['started']} ({p['minutes']} min)" for p in validation["timeline"]]

@@ -86,8 +86,18 @@ def test_the_report_shows_both_real_runs_their_spread_the_sim_and_the_steps():
         "profile": {
             "path": "sim/profiles/cpu_measured.json",
             "host_check": {
-                "engine_c2_p48": {"measured": 1.6, "model": 1.5, "model_with_other_work": 1.55},
-                "engine_c8_p48": {"measured": 1.7, "model": 1.6, "model_with_other_work": 1.7},
+                "engine_c2_p48": {
+                    "measured": 1.6,
+                    "model": 1.5,
+                    "model_with_other_work": 1.55,
+                    "engines_stepping": 0.9,
+                },
+                "engine_c8_p48": {
+                    "measured": 1.7,
+                    "model": 1.6,
+                    "model_with_other_work": 1.7,
+                    "engines_stepping": 0.99,
+                },
             },
         },
         "real_engine_steps": [
@@ -110,7 +120,8 @@ def test_the_report_shows_both_real_runs_their_spread_the_sim_and_the_steps():
     assert "\nall within 15 %; sim parts from the real mean by more than the real runs part: none\n" in lines
     assert (
         "Host model on the profile measurement's engine runs, stretch measured / modelled (modelled with "
-        "the other work on the machine): engine_c2_p48 1.6 / 1.5 (1.55); engine_c8_p48 1.7 / 1.6 (1.7)\n"
+        "the other work on the machine; the share of the run the engines stepped, the model's premise "
+        "being 1): engine_c2_p48 1.6 / 1.5 (1.55; 0.9); engine_c8_p48 1.7 / 1.6 (1.7; 0.99)\n"
     ) in lines
     assert (
         "Sitting: real run 1 2026-11-30T10:00:00Z (2.6 min); "

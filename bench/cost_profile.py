@@ -190,11 +190,12 @@ def _fit_drafter(out: dict, serving: dict, command: str) -> dict[str, str]:
 
 
 def host_check(serving: dict, host: dict) -> dict[str, dict]:
-    """The host model (sim/host.py) against the engine sweep's runs, where both engines step almost
-    throughout (closed loop): each run's measured stretch (the engines' step wall over their CPU) beside
-    the model's for two engines stepping at the run's own measured serving load (the stack's busy cores
-    less the engines'), and the same with the other work on the machine added to that load. Runs
-    recorded without their wall time (before it was recorded) are left out."""
+    """The host model (sim/host.py) against the engine sweep's runs: each run's measured stretch (the
+    engines' step wall over their CPU) beside the model's at the run's own measured serving load (the
+    stack's busy cores less the engines'), and the same with the other work on the machine added to that
+    load. A step finds the other engine stepping for the share of the run the engines stepped (taken as
+    independent): the model's stretch is the mix of one and two engines stepping in that proportion. Runs
+    recorded without their wall time (before it was recorded) are left out. Two engines per host."""
     out = {}
     for label in serving.get("engine_sweep", []):
         run = serving["engine_steps"][label]
@@ -203,14 +204,19 @@ def host_check(serving: dict, host: dict) -> dict[str, dict]:
         wall, cpu = run["wall_s"], run["engine_cpu_s"]
         load = run["stack_cores"] - cpu / wall
         other = max(0.0, run["machine_busy_cores"] - run["stack_cores"])
-        engines, cores, processes = host["replicas"], host["cores"], host["path_processes"]
+        share = run["step_time_s"] / (host["replicas"] * wall)
+
+        def mixed(cores_busy: float, share: float = share) -> float:
+            one, two = (stretch(cores_busy, host["cores"], n, host["path_processes"]) for n in (1, 2))
+            return round(share * two + (1 - share) * one, 3)
+
         out[label] = {
             "measured": round(run["step_time_s"] / cpu, 3),
-            "model": round(stretch(load, cores, engines, processes), 3),
-            "model_with_other_work": round(stretch(load + other, cores, engines, processes), 3),
+            "model": mixed(load),
+            "model_with_other_work": mixed(load + other),
             "serving_load_cores": round(load, 3),
             "other_work_cores": round(other, 3),
-            "engines_stepping": round(run["step_time_s"] / (engines * wall), 3),
+            "engines_stepping": round(share, 3),
         }
     return out
 

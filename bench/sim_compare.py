@@ -134,8 +134,9 @@ def validation_lines(validation: dict) -> list[str]:
         ]
         lines.append(
             "Host model on the profile measurement's engine runs, stretch measured / modelled (modelled "
-            "with the other work on the machine; the share of the run the engines stepped, the model's "
-            "premise being 1): " + "; ".join(runs) + "\n"
+            "with the other work on the machine; the share of the run each engine stepped): "
+            + "; ".join(runs)
+            + "\n"
         )
     if validation.get("timeline"):  # the sitting, in order: what ran when
         parts = [f"{p['part']} {p['started']} ({p['minutes']} min)" for p in validation["timeline"]]

@@ -178,9 +178,10 @@ def test_a_measurement_with_its_own_path_run_and_time_sets_request_path_s_and_na
 
 
 def test_the_host_check_sets_each_sweep_runs_measured_stretch_beside_the_host_models():
-    """Two engines stepping on 2 cores beside a serving path keeping 0.7 cores busy (5 processes, each
-    under its equal share): the model stretches a step 2 / (2 - 0.7); with 0.2 cores of other work on the
-    machine added, 2 / 1.1. A run recorded without its wall time is left out."""
+    """Two engines on 2 cores, each stepping 0.8 of the run, beside a serving path keeping 0.7 cores busy
+    (5 processes, each under its equal share): a step beside the other engine's stretches 2 / (2 - 0.7),
+    one alone not at all, mixed 0.8 / 0.2; with 0.2 cores of other work on the machine added, 2 / 1.1 and
+    1. A run recorded without its wall time is left out."""
     host = {"cores": 2, "replicas": 2, "path_processes": 5}
     run = {
         "wall_s": 10.0,
@@ -195,8 +196,8 @@ def test_the_host_check_sets_each_sweep_runs_measured_stretch_beside_the_host_mo
     assert host_check(serving, host) == {
         "engine_c2_p48": {
             "measured": 2.0,
-            "model": 1.538,
-            "model_with_other_work": 1.818,
+            "model": round(0.8 * 2 / 1.3 + 0.2, 3),
+            "model_with_other_work": round(0.8 * 2 / 1.1 + 0.2, 3),
             "serving_load_cores": 0.7,
             "other_work_cores": 0.2,
             "engines_stepping": 0.8,

@@ -120,8 +120,8 @@ def test_the_report_shows_both_real_runs_their_spread_the_sim_and_the_steps():
     assert "\nall within 15 %; sim parts from the real mean by more than the real runs part: none\n" in lines
     assert (
         "Host model on the profile measurement's engine runs, stretch measured / modelled (modelled with "
-        "the other work on the machine; the share of the run the engines stepped, the model's premise "
-        "being 1): engine_c2_p48 1.6 / 1.5 (1.55; 0.9); engine_c8_p48 1.7 / 1.6 (1.7; 0.99)\n"
+        "the other work on the machine; the share of the run each engine stepped): "
+        "engine_c2_p48 1.6 / 1.5 (1.55; 0.9); engine_c8_p48 1.7 / 1.6 (1.7; 0.99)\n"
     ) in lines
     assert (
         "Sitting: real run 1 2026-11-30T10:00:00Z (2.6 min); "

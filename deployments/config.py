@@ -150,6 +150,12 @@ class AppConfig(BaseModel):
     # "serve", a streaming call through Serve pinned to the replica (for networks where the replicas'
     # ports cannot be reached from the ingress; it needs the SLA router's pin and no autoscaler).
     stream_mux_transport: Literal["socket", "serve"] = "socket"
+    # The Linux scheduling policy of the serving threads: every thread of a target replica but its engine
+    # thread, and every thread of the ingress replicas. "batch" (SCHED_BATCH): a serving thread woken by a
+    # streamed token never preempts the thread running on its CPU (often the engine's, on a host of few
+    # cores); it keeps its fair share of CPU and runs on a free CPU or at the end of the running thread's
+    # slice (deployments/thread_policy.py). "normal": the threads keep the policy they started with.
+    serving_thread_policy: Literal["normal", "batch"] = "normal"
     api_keys: list[str] = Field(default_factory=list, description="bearer tokens accepted; empty: open")
     # Tokens kept out of the config itself: a file with one per line (a mounted Kubernetes Secret),
     # read by the ingress at start and accepted besides `api_keys`.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ray import serve
 
+from deployments import thread_policy
 from deployments.config import AppConfig
 from deployments.controller_grpc import ControllerAdminService
 from deployments.frontend import Frontend
@@ -22,4 +23,7 @@ from deployments.http_api import app as http_app
 class Ingress(Frontend, GrpcService, ControllerAdminService):
     def __init__(self, replica, config: dict, controller=None) -> None:
         super().__init__(replica, AppConfig(**config))
+        # Its threads (Serve's, Ray's, the servers started later inherit it) yield to an engine thread on
+        # wake-up, where replicas share its host (deployments/thread_policy.py).
+        thread_policy.apply(self.config.serving_thread_policy)
         self.controller = controller  # the Controller's handle, for its admin routes (or None)

@@ -22,7 +22,15 @@ import torch
 from ray import serve
 from ray.serve.schema import ReplicaRank
 
-from deployments import mux_socket, replica_control, replica_engine, replica_state, running, stream_mux
+from deployments import (
+    mux_socket,
+    replica_control,
+    replica_engine,
+    replica_state,
+    running,
+    stream_mux,
+    thread_policy,
+)
 from deployments.config import AppConfig
 from deployments.errors import classify
 from deployments.events import StreamEvent, coalesce_interval
@@ -74,6 +82,11 @@ class TargetReplica:
         self._last_stats: dict = {}
         self._published = replica_state.Republisher()
         self._pending_snapshot: asyncio.Future | None = None  # at most one stats call queued at a time
+        # The engine thread keeps its CPU: the serving threads (Serve's, Ray's, the event loop, the
+        # socket's) yield to it on wake-up; again after a rebuild, whose engine thread a worker started.
+        engine_thread = self.engine.thread_id
+        thread_policy.name_thread(engine_thread, thread_policy.ENGINE_THREAD_NAME)
+        thread_policy.apply(self.config.serving_thread_policy, keep={engine_thread})
 
     async def reconfigure(self, user_config: None, rank: ReplicaRank | None = None) -> None:
         """Serve's call at start and whenever it changes this replica's rank (deployments/replica_engine.py):

@@ -48,6 +48,11 @@ class AsyncEngine:
     def stats(self):
         return self.engine.stats
 
+    @property
+    def thread_id(self) -> int | None:
+        """The engine thread's OS thread id (what per-thread scheduler settings and /proc name)."""
+        return self._thread.native_id
+
     def health_problem(self, stuck_after_s: float = 30.0) -> str | None:
         """Why this engine should be replaced, or None while it is healthy."""
         if self._stopped:

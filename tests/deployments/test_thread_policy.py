@@ -1,0 +1,91 @@
+"""deployments/thread_policy.py: which thread gets which policy (pure), and the kernel calls themselves in
+a child process (a process's threads only; the policy is the kernel's, read back from it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from pydantic import ValidationError
+
+from deployments.config import AppConfig
+from deployments.thread_policy import SCHED_BATCH, SCHED_OTHER, plan
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread policy is Linux's")
+
+
+def test_plan_puts_every_thread_but_the_engines_on_the_policy():
+    assert plan("batch", [11, 12, 13], keep={12}) == {11: SCHED_BATCH, 12: SCHED_OTHER, 13: SCHED_BATCH}
+    assert plan("normal", [11, 12], keep={12}) == {11: SCHED_OTHER, 12: SCHED_OTHER}
+    assert plan("batch", []) == {}
+    with pytest.raises(ValueError, match="serving_thread_policy: 'idle' is not one of"):
+        plan("idle", [1])
+
+
+def test_the_field_takes_normal_or_batch_only(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    assert AppConfig(model=str(tmp_path)).serving_thread_policy == "normal"
+    assert AppConfig(model=str(tmp_path), serving_thread_policy="batch").serving_thread_policy == "batch"
+    with pytest.raises(ValidationError, match="serving_thread_policy\n  Input should be 'normal' or 'batch'"):
+        AppConfig(model=str(tmp_path), serving_thread_policy="idle")
+
+
+# A process with a started "engine" thread: everything else goes batch, the engine thread stays normal; a
+# thread a batch thread starts afterwards is batch; an engine thread a batch thread starts (a rebuild) is
+# put back to normal by the next apply, without privileges; the engine thread is named in /proc.
+CHILD = """
+import json, os, threading
+from deployments import thread_policy
+
+def park(ready, done):
+    ready.set()
+    done.wait()
+
+def started():
+    ready, done = threading.Event(), threading.Event()
+    thread = threading.Thread(target=park, args=(ready, done))
+    thread.start()
+    ready.wait()
+    return thread, done
+
+engine, stop_engine = started()
+other, stop_other = started()
+first = thread_policy.apply("batch", keep={engine.native_id})
+thread_policy.name_thread(engine.native_id, thread_policy.ENGINE_THREAD_NAME)
+later, stop_later = started()  # started by the (batch) main thread
+policy = os.sched_getscheduler
+seen = {
+    "applied": sorted(first.values()),
+    "main": policy(threading.get_native_id()),
+    "engine": policy(engine.native_id),
+    "other": policy(other.native_id),
+    "later": policy(later.native_id),
+    "engine_name": open(f"/proc/self/task/{engine.native_id}/comm").read().strip(),
+}
+thread_policy.apply("batch", keep={later.native_id})  # "later" is the rebuilt engine's thread now
+seen["rebuilt"], seen["old_engine"] = policy(later.native_id), policy(engine.native_id)
+for done in (stop_engine, stop_other, stop_later):
+    done.set()
+print(json.dumps(seen))
+"""
+
+
+def test_the_kernel_applies_it_per_thread_and_back_without_privileges():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, check=True)
+    seen = json.loads(out.stdout)
+    assert seen["applied"] == [SCHED_OTHER, SCHED_BATCH, SCHED_BATCH]  # main, engine, other
+    assert (seen["main"], seen["engine"], seen["other"]) == (SCHED_BATCH, SCHED_OTHER, SCHED_BATCH)
+    assert seen["later"] == SCHED_BATCH  # inherited from the thread that started it
+    assert seen["engine_name"] == "dspark-engine"
+    assert (seen["rebuilt"], seen["old_engine"]) == (SCHED_OTHER, SCHED_BATCH)
+
+
+def test_normal_touches_nothing():
+    from deployments import thread_policy
+
+    assert thread_policy.apply("normal", keep={1}) == {}
+    assert os.sched_getscheduler(0) == SCHED_OTHER

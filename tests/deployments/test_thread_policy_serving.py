@@ -1,0 +1,104 @@
+"""serving_thread_policy through real Ray Serve: with "batch", every thread of the target replica but its
+engine thread, and every thread of the ingress replica, runs SCHED_BATCH (read back from the kernel),
+the engine thread runs normal, and greedy output stays identical to the offline engine. The shared app
+(default "normal") leaves every thread as it started."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import openai
+import pytest
+from ray import serve
+from serving import APP, ENGINE, app_args
+
+from deployments.app import build_app
+from deployments.thread_policy import ENGINE_THREAD_NAME, SCHED_BATCH, SCHED_OTHER
+from dspark import LLM, SamplingParams
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread policy is Linux's")
+BATCHED = "batched"
+PROMPT = "def wrap(text, width):"
+
+
+def replica_processes(app: str, deployment: str) -> list[int]:
+    """The pids of the replica processes of `app`'s `deployment` that descend from this process (Ray
+    started here; another Ray on the machine is not ours)."""
+    parents, found = {}, []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
+            parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if cmdline.startswith(f"ray::ServeReplica:{app}:{deployment}"):
+            found.append(int(entry))
+
+    def ours(pid: int) -> bool:
+        while pid > 1 and pid != os.getpid():
+            pid = parents.get(pid, 1)
+        return pid == os.getpid()
+
+    return [p for p in found if ours(p)]
+
+
+def policies_of(pids: list[int]) -> list[int]:
+    return [p for pid in pids for policies in thread_policies(pid).values() for p in policies]
+
+
+def thread_policies(pid: int) -> dict[str, list[int]]:
+    """Each thread's scheduling policy, by its name in /proc."""
+    by_name: dict[str, list[int]] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            by_name.setdefault(name, []).append(os.sched_getscheduler(int(task.name)))
+        except OSError:  # the thread ended meanwhile
+            continue
+    return by_name
+
+
+@pytest.fixture(scope="module")
+def batched(serve_stack):
+    args = app_args(serve_stack.model_dir, num_replicas=1, serving_thread_policy="batch")
+    serve.run(build_app(args), name=BATCHED, route_prefix="/batched")
+    yield serve_stack
+    serve.delete(BATCHED)
+
+
+def test_serving_threads_run_batch_and_the_engine_thread_normal(batched):
+    client = openai.OpenAI(base_url=batched.http_url + "/batched/v1", api_key="-", max_retries=0, timeout=60)
+    chunks = list(
+        client.completions.create(
+            model=batched.model_name,
+            prompt=PROMPT,
+            max_tokens=40,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    expected = LLM(str(batched.model_dir), **ENGINE).generate([PROMPT], params)[0]
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == expected.text
+    assert chunks[-1].usage.completion_tokens == 40
+
+    # After the stream: the threads Serve and Ray started for it (the socket's, thread pools) count too.
+    (replica_pid,) = replica_processes(BATCHED, "TargetReplica")
+    replica = thread_policies(replica_pid)
+    assert replica.pop(ENGINE_THREAD_NAME) == [SCHED_OTHER]
+    serving = [policy for policies in replica.values() for policy in policies]
+    assert len(serving) > 5 and set(serving) == {SCHED_BATCH}
+    ingress = policies_of(replica_processes(BATCHED, "Ingress"))
+    assert len(ingress) > 5 and set(ingress) == {SCHED_BATCH}
+
+
+def test_the_default_leaves_every_thread_normal(serve_stack):
+    replicas = replica_processes(APP, "TargetReplica")
+    assert len(replicas) == 2
+    for pid in replicas:
+        assert thread_policies(pid)[ENGINE_THREAD_NAME] == [SCHED_OTHER]
+    assert set(policies_of(replicas + replica_processes(APP, "Ingress"))) == {SCHED_OTHER}

@@ -296,6 +296,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="clients call the ingress replica's own HTTP/gRPC servers, no Serve proxy in the path",
     )
+    parser.add_argument(
+        "--app",
+        type=json.loads,
+        default={},
+        help="more AppConfig fields of the served app, as JSON (e.g. an A/B arm's setting)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.prompts, args.max_tokens, args.repeats, args.concurrency = 2, 8, 1, [1, 2]
@@ -330,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             "stream_interval": args.stream_interval,
             "stream_mux": not args.no_stream_mux,
             "stream_mux_transport": args.stream_mux_transport,
+            **args.app,
         },
         direct_ingress=args.direct_ingress,
     )
@@ -405,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             "stream_interval": args.stream_interval,
             "stream_mux": not args.no_stream_mux,
             "stream_mux_transport": args.stream_mux_transport,
+            "app": args.app,
             "serving_processes": {proc: len(p) for proc, p in pids.items()},
         },
         "points": points,

@@ -58,35 +58,59 @@ def thread_cpu(pids: list[int]) -> collections.Counter:
     return by_thread
 
 
-def sched_ns(pid: int) -> dict[str, tuple[int, int]]:
-    """Each thread's (CPU, waiting on a run queue) nanoseconds so far (/proc/.../schedstat)."""
+def sched_ns(pid: int) -> dict[str, tuple[int, ...]]:
+    """Each thread's CPU and run-queue wait in nanoseconds so far (/proc/.../schedstat), with its
+    involuntary context switches (preemptions: by a thread that woke, or at the end of its slice) and
+    its moves between CPUs (/proc/.../sched, where the kernel has it; 0 otherwise)."""
     times = {}
     for task in Path(f"/proc/{pid}/task").glob("*"):
         try:
             on_cpu, queued, _ = (task / "schedstat").read_text().split()
         except (OSError, ValueError):
             continue
-        times[task.name] = (int(on_cpu), int(queued))
+        counts = dict.fromkeys(("nr_involuntary_switches", "se.nr_migrations"), 0)
+        try:
+            for line in (task / "sched").read_text().splitlines():
+                key, _, value = line.partition(":")
+                if key.strip() in counts:
+                    counts[key.strip()] = int(float(value))
+        except (OSError, ValueError):
+            pass
+        times[task.name] = (int(on_cpu), int(queued), *counts.values())
     return times
 
 
-def engine_waits(stats: dict, before: dict, pid: int, sched_before: dict[str, tuple[int, int]]) -> str:
+def engine_waits(stats: dict, before: dict, pid: int, sched_before: dict[str, tuple[int, ...]]) -> str:
     """Where the engine thread's step wall time went, per step: on a CPU, waiting for a CPU (run
     queue), and the rest, blocked: at concurrency 1 the engine thread blocks on nothing but the
     interpreter lock (torch runs one thread), so that is its wait for the GIL. The engine thread is
-    the one that ran most meanwhile. Approximate: its counters also cover its short work between steps."""
+    the one that ran most meanwhile. Approximate: its counters also cover its short work between steps.
+    Also its preemptions and CPU moves per step."""
     steps = max(1, stats["steps"] - before["steps"])
     wall = (stats["step_time_s"] - before["step_time_s"]) * 1e9
     spent = {
-        tid: (now[0] - sched_before.get(tid, (0, 0))[0], now[1] - sched_before.get(tid, (0, 0))[1])
+        tid: tuple(a - b for a, b in zip(now, sched_before.get(tid, (0, 0, 0, 0))))
         for tid, now in sched_ns(pid).items()
     }
-    on_cpu, queued = max(spent.values())
+    on_cpu, queued, preempted, moved = max(spent.values())
     blocked = max(0.0, wall - on_cpu - queued)
     return (
         f"engine thread per step: on CPU {on_cpu / steps / 1e6:.2f} ms, waiting for a CPU "
-        f"{queued / steps / 1e6:.2f} ms, blocked (GIL) {blocked / steps / 1e6:.2f} ms"
+        f"{queued / steps / 1e6:.2f} ms, blocked (GIL) {blocked / steps / 1e6:.2f} ms; "
+        f"preempted {preempted / steps:.2f}, moved to another CPU {moved / steps:.2f} times"
     )
+
+
+def policies(pid: int) -> dict[str, int]:
+    """How many of a process's threads run under each scheduling policy (AppConfig.serving_thread_policy)."""
+    names = {os.SCHED_OTHER: "normal", os.SCHED_BATCH: "batch", os.SCHED_IDLE: "idle"}
+    counted: collections.Counter = collections.Counter()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            counted[names.get(os.sched_getscheduler(int(task.name)), "other")] += 1
+        except OSError:
+            continue
+    return dict(counted)
 
 
 def by_name(spent: collections.Counter, engine: bool) -> collections.Counter:
@@ -251,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, p in pids.items():  # the Serve flags each process runs with
             env = Path(f"/proc/{p[0]}/environ").read_bytes().split(b"\0")
             flags = sorted(e.decode() for e in env if e.startswith((b"RAY_SERVE_RUN_", b"RAY_SERVE_ENABLE_")))
-            print(f"  {name}: {flags}")
+            print(f"  {name}: {flags}; threads by scheduling policy: {policies(p[0])}")
         before = {name: cpu_seconds(p) for name, p in pids.items()}
         time.sleep(3.0)  # the idle cost: health checks, routing stats, metrics
         idle = {name: (cpu_seconds(p) - before[name]) / 3.0 for name, p in pids.items()}

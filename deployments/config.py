@@ -156,6 +156,13 @@ class AppConfig(BaseModel):
     # cores); it keeps its fair share of CPU and runs on a free CPU or at the end of the running thread's
     # slice (deployments/thread_policy.py). "normal": the threads keep the policy they started with.
     serving_thread_policy: Literal["normal", "batch"] = "normal"
+    # A CPU for the engine thread alone, where the host has one to spare: the target replica runs its
+    # engine thread on this CPU only and its other threads, like the ingress replicas' threads, on the
+    # other CPUs the process may use (a number the process may not use, or the only one, fails the
+    # replica's start naming this field). Keeps our serving threads off the engine's CPU and caches; other
+    # processes still run anywhere, and the engine can no longer move when its CPU is taken. Meant for a
+    # node that runs one target replica (tensor-parallel shards are left as they are). None: no pinning.
+    engine_cpu: int | None = Field(None, ge=0)
     api_keys: list[str] = Field(default_factory=list, description="bearer tokens accepted; empty: open")
     # Tokens kept out of the config itself: a file with one per line (a mounted Kubernetes Secret),
     # read by the ingress at start and accepted besides `api_keys`.
@@ -213,6 +220,15 @@ class AppConfig(BaseModel):
         if self.ingress_autoscaling_config is not None and "num_ingress_replicas" in self.model_fields_set:
             raise ValueError(
                 "num_ingress_replicas: ingress_autoscaling_config decides the ingress count; leave it unset"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _one_engine_thread(self) -> AppConfig:
+        if self.engine_cpu is not None and self.torch_num_threads != 1:
+            raise ValueError(
+                "engine_cpu: pins the engine's one thread to one CPU; set torch_num_threads: 1 "
+                "(torch's other threads would share that CPU)"
             )
         return self
 

@@ -24,6 +24,6 @@ class Ingress(Frontend, GrpcService, ControllerAdminService):
     def __init__(self, replica, config: dict, controller=None) -> None:
         super().__init__(replica, AppConfig(**config))
         # Its threads (Serve's, Ray's, the servers started later inherit it) yield to an engine thread on
-        # wake-up, where replicas share its host (deployments/thread_policy.py).
-        thread_policy.apply(self.config.serving_thread_policy)
+        # wake-up and stay off its CPU (engine_cpu) where a replica shares its host (thread_policy.py).
+        thread_policy.apply(self.config.serving_thread_policy, engine_cpu=self.config.engine_cpu)
         self.controller = controller  # the Controller's handle, for its admin routes (or None)

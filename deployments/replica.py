@@ -86,7 +86,7 @@ class TargetReplica:
         # socket's) yield to it on wake-up; again after a rebuild, whose engine thread a worker started.
         engine_thread = self.engine.thread_id
         thread_policy.name_thread(engine_thread, thread_policy.ENGINE_THREAD_NAME)
-        thread_policy.apply(self.config.serving_thread_policy, keep={engine_thread})
+        thread_policy.apply(self.config.serving_thread_policy, {engine_thread}, self.config.engine_cpu)
 
     async def reconfigure(self, user_config: None, rank: ReplicaRank | None = None) -> None:
         """Serve's call at start and whenever it changes this replica's rank (deployments/replica_engine.py):

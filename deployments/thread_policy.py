@@ -15,6 +15,13 @@ engine from a (batch) worker thread. A thread created later inherits its creator
 Serve's threads started afterwards are batch and the engine thread's own helpers normal. Nice is not used:
 raising it is one-way without CAP_SYS_NICE, so an engine thread started from a niced thread could never
 get its priority back.
+
+`engine_cpu` goes further where the host has a CPU to spare for it: the engine thread runs on that CPU
+only and every serving thread (the replica's others, the ingress') on the other CPUs the process may use,
+so no serving thread ever runs on the engine's CPU, its caches stay the engine's (affinity is per thread
+too, inherited by the threads started later, and needs no privilege for threads of the same user). It
+only keeps our own threads apart: other processes still run anywhere, and the engine can no longer move
+to a free CPU when its own is taken.
 """
 
 from __future__ import annotations
@@ -39,28 +46,64 @@ def plan(policy: str, threads: Iterable[int], keep: Collection[int] = ()) -> dic
     return {tid: SCHED_OTHER if tid in keep else POLICIES[policy] for tid in threads}
 
 
+def cpu_split(engine_cpu: int | None, allowed: Collection[int]) -> tuple[set[int], set[int]]:
+    """(the engine thread's CPUs, the serving threads' CPUs) out of the CPUs the process may use: with
+    `engine_cpu`, that one CPU and the others; without, all of them for both."""
+    allowed = set(allowed)
+    if engine_cpu is None:
+        return allowed, allowed
+    if engine_cpu not in allowed:
+        raise ValueError(f"engine_cpu: CPU {engine_cpu} is not one this process may use ({sorted(allowed)})")
+    if len(allowed) < 2:
+        raise ValueError(f"engine_cpu: this process may use CPU {engine_cpu} only; none is left to serve on")
+    return {engine_cpu}, allowed - {engine_cpu}
+
+
 def threads(pid: int | str = "self") -> list[int]:
     """The thread ids of a process (this one by default), from /proc."""
     return sorted(int(tid) for tid in os.listdir(f"/proc/{pid}/task"))
 
 
-def apply(policy: str, keep: Collection[int] = ()) -> dict[int, int]:
-    """Give this process's threads `policy`, those in `keep` normal; returns what each thread got.
-    "normal" leaves every thread as it is (nothing to undo: no thread was ever made batch otherwise).
-    A thread that exits meanwhile is skipped; a host without SCHED_BATCH (not Linux) changes nothing."""
-    if policy == "normal":
+def apply(policy: str, keep: Collection[int] = (), engine_cpu: int | None = None) -> dict[int, int]:
+    """Give this process's threads `policy`, those in `keep` (the engine's) normal, and with `engine_cpu`
+    put those in `keep` on that CPU and the others on the rest (`cpu_split`); returns the policy each
+    thread got. "normal" changes no policy (no thread was ever made batch otherwise). A thread that exits
+    meanwhile is skipped; a host without per-thread policy (not Linux) changes nothing."""
+    if policy == "normal" and engine_cpu is None:
         return {}
     if not hasattr(os, "sched_setscheduler") or not os.path.isdir("/proc/self/task"):
-        log.warning("serving_thread_policy %s: this platform has no per-thread policy; left as is", policy)
+        log.warning("serving_thread_policy / engine_cpu: this platform has no per-thread scheduling")
         return {}
+    tids = threads()
+    allowed = _allowed(tids) if engine_cpu is not None else set()
+    if not keep and engine_cpu is not None and allowed - {engine_cpu} in (set(), allowed):
+        # No engine here (an ingress): nothing to keep off when the engine's CPU is not one this process
+        # may use (another node, another cpuset), nowhere to go when it is the only one.
+        engine_cpu = None
+    engine_cpus, serving_cpus = cpu_split(engine_cpu, allowed)
     applied = {}
-    for tid, number in plan(policy, threads(), keep).items():
+    for tid, number in plan(policy, tids, keep).items():
         try:
-            os.sched_setscheduler(tid, number, os.sched_param(0))
+            if policy != "normal":
+                os.sched_setscheduler(tid, number, os.sched_param(0))
+            if engine_cpu is not None:
+                os.sched_setaffinity(tid, engine_cpus if tid in keep else serving_cpus)
         except ProcessLookupError:  # the thread ended since the listing
             continue
         applied[tid] = number
     return applied
+
+
+def _allowed(tids: Iterable[int]) -> set[int]:
+    """The CPUs this process may use: those of all its threads together (once split, no one thread has
+    them all; reapplying after an engine rebuild must see the same set)."""
+    cpus: set[int] = set()
+    for tid in tids:
+        try:
+            cpus |= os.sched_getaffinity(tid)
+        except ProcessLookupError:
+            continue
+    return cpus
 
 
 def name_thread(tid: int, name: str) -> None:

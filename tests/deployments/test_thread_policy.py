@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from deployments.config import AppConfig
-from deployments.thread_policy import SCHED_BATCH, SCHED_OTHER, plan
+from deployments.thread_policy import SCHED_BATCH, SCHED_OTHER, cpu_split, plan
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread policy is Linux's")
 
@@ -23,6 +23,24 @@ def test_plan_puts_every_thread_but_the_engines_on_the_policy():
     assert plan("batch", []) == {}
     with pytest.raises(ValueError, match="serving_thread_policy: 'idle' is not one of"):
         plan("idle", [1])
+
+
+def test_cpu_split_gives_the_engine_its_cpu_and_the_rest_to_serving():
+    assert cpu_split(None, {0, 1, 2}) == ({0, 1, 2}, {0, 1, 2})
+    assert cpu_split(2, {0, 1, 2}) == ({2}, {0, 1})
+    with pytest.raises(ValueError, match=r"engine_cpu: CPU 5 is not one this process may use \(\[0, 1\]\)"):
+        cpu_split(5, {0, 1})
+    with pytest.raises(ValueError, match="engine_cpu: this process may use CPU 1 only; none is left"):
+        cpu_split(1, {1})
+
+
+def test_engine_cpu_needs_one_torch_thread(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    assert AppConfig(model=str(tmp_path), engine_cpu=1, torch_num_threads=1).engine_cpu == 1
+    with pytest.raises(ValidationError, match="engine_cpu: pins the engine's one thread to one CPU"):
+        AppConfig(model=str(tmp_path), engine_cpu=1)
+    with pytest.raises(ValidationError, match="engine_cpu\n  Input should be greater than or equal to 0"):
+        AppConfig(model=str(tmp_path), engine_cpu=-1, torch_num_threads=1)
 
 
 def test_the_field_takes_normal_or_batch_only(tmp_path):
@@ -82,6 +100,73 @@ def test_the_kernel_applies_it_per_thread_and_back_without_privileges():
     assert seen["later"] == SCHED_BATCH  # inherited from the thread that started it
     assert seen["engine_name"] == "dspark-engine"
     assert (seen["rebuilt"], seen["old_engine"]) == (SCHED_OTHER, SCHED_BATCH)
+
+
+# engine_cpu: the engine thread on the last CPU, every other thread (started before or after) on the rest;
+# reapplied after a "rebuild" from a serving thread, which sees the whole set again.
+PINNED = """
+import json, os, threading
+from deployments import thread_policy
+
+def park(ready, done):
+    ready.set()
+    done.wait()
+
+def started():
+    ready, done = threading.Event(), threading.Event()
+    thread = threading.Thread(target=park, args=(ready, done))
+    thread.start()
+    ready.wait()
+    return thread, done
+
+cpus = sorted(os.sched_getaffinity(0))
+engine, stop_engine = started()
+thread_policy.apply("normal", keep={engine.native_id}, engine_cpu=cpus[-1])
+later, stop_later = started()
+affinity = lambda t: sorted(os.sched_getaffinity(t.native_id))
+seen = {"cpus": cpus, "engine": affinity(engine), "later": affinity(later)}
+seen["main"] = sorted(os.sched_getaffinity(0))
+thread_policy.apply("batch", keep={later.native_id}, engine_cpu=cpus[-1])
+seen["rebuilt"], seen["old_engine"] = affinity(later), affinity(engine)
+seen["rebuilt_policy"] = os.sched_getscheduler(later.native_id)
+for done in (stop_engine, stop_later):
+    done.set()
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a CPU to spare")
+def test_engine_cpu_pins_the_engine_thread_alone():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", PINNED], capture_output=True, text=True, env=env, check=True)
+    seen = json.loads(out.stdout)
+    engine_cpu, rest = seen["cpus"][-1:], seen["cpus"][:-1]
+    assert (seen["engine"], seen["main"], seen["later"]) == (engine_cpu, rest, rest)
+    assert (seen["rebuilt"], seen["old_engine"]) == (engine_cpu, rest)
+    assert seen["rebuilt_policy"] == SCHED_OTHER
+
+
+# An ingress (no engine thread) keeps off the engine's CPU; a CPU it may not use leaves it where it is.
+INGRESS = """
+import json, os
+from deployments import thread_policy
+
+cpus = sorted(os.sched_getaffinity(0))
+thread_policy.apply("batch", engine_cpu=10_000)
+seen = {"cpus": cpus, "elsewhere": sorted(os.sched_getaffinity(0))}
+thread_policy.apply("batch", engine_cpu=cpus[-1])
+seen["here"] = sorted(os.sched_getaffinity(0))
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a CPU to spare")
+def test_an_ingress_keeps_off_the_engine_cpu():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", INGRESS], capture_output=True, text=True, env=env, check=True)
+    seen = json.loads(out.stdout)
+    assert seen["elsewhere"] == seen["cpus"]
+    assert seen["here"] == seen["cpus"][:-1]
 
 
 def test_normal_touches_nothing():

@@ -1,7 +1,8 @@
-"""serving_thread_policy through real Ray Serve: with "batch", every thread of the target replica but its
-engine thread, and every thread of the ingress replica, runs SCHED_BATCH (read back from the kernel),
-the engine thread runs normal, and greedy output stays identical to the offline engine. The shared app
-(default "normal") leaves every thread as it started."""
+"""serving_thread_policy and engine_cpu through real Ray Serve: with "batch", every thread of the target
+replica but its engine thread, and every thread of the ingress replica, runs SCHED_BATCH (read back from
+the kernel), the engine thread runs normal; with engine_cpu the engine thread runs on that CPU alone and
+every other thread of both on the others; greedy output stays identical to the offline engine. The
+shared app (the defaults) leaves every thread as it started."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from dspark import LLM, SamplingParams
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread policy is Linux's")
 BATCHED = "batched"
 PROMPT = "def wrap(text, width):"
+CPUS = sorted(os.sched_getaffinity(0))
+ENGINE_CPU = CPUS[-1] if len(CPUS) > 1 else None  # where there is a CPU to spare
 
 
 def replica_processes(app: str, deployment: str) -> list[int]:
@@ -44,25 +47,31 @@ def replica_processes(app: str, deployment: str) -> list[int]:
     return [p for p in found if ours(p)]
 
 
-def policies_of(pids: list[int]) -> list[int]:
-    return [p for pid in pids for policies in thread_policies(pid).values() for p in policies]
-
-
-def thread_policies(pid: int) -> dict[str, list[int]]:
-    """Each thread's scheduling policy, by its name in /proc."""
-    by_name: dict[str, list[int]] = {}
+def by_thread_name(pid: int, read=os.sched_getscheduler) -> dict[str, list]:
+    """`read(tid)` for each thread of a process (its scheduling policy by default), by the thread's name
+    in /proc."""
+    found: dict[str, list] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            name = (task / "comm").read_text().strip()
-            by_name.setdefault(name, []).append(os.sched_getscheduler(int(task.name)))
+            found.setdefault((task / "comm").read_text().strip(), []).append(read(int(task.name)))
         except OSError:  # the thread ended meanwhile
             continue
-    return by_name
+    return found
+
+
+def values(*by_name: dict[str, list]) -> list:
+    return [value for found in by_name for each in found.values() for value in each]
+
+
+def cpus(tid: int) -> list[int]:
+    return sorted(os.sched_getaffinity(tid))
 
 
 @pytest.fixture(scope="module")
 def batched(serve_stack):
-    args = app_args(serve_stack.model_dir, num_replicas=1, serving_thread_policy="batch")
+    args = app_args(
+        serve_stack.model_dir, num_replicas=1, serving_thread_policy="batch", engine_cpu=ENGINE_CPU
+    )
     serve.run(build_app(args), name=BATCHED, route_prefix="/batched")
     yield serve_stack
     serve.delete(BATCHED)
@@ -88,17 +97,26 @@ def test_serving_threads_run_batch_and_the_engine_thread_normal(batched):
 
     # After the stream: the threads Serve and Ray started for it (the socket's, thread pools) count too.
     (replica_pid,) = replica_processes(BATCHED, "TargetReplica")
-    replica = thread_policies(replica_pid)
+    (ingress_pid,) = replica_processes(BATCHED, "Ingress")
+    replica = by_thread_name(replica_pid)
     assert replica.pop(ENGINE_THREAD_NAME) == [SCHED_OTHER]
-    serving = [policy for policies in replica.values() for policy in policies]
-    assert len(serving) > 5 and set(serving) == {SCHED_BATCH}
-    ingress = policies_of(replica_processes(BATCHED, "Ingress"))
+    assert len(values(replica)) > 5 and set(values(replica)) == {SCHED_BATCH}
+    ingress = values(by_thread_name(ingress_pid))
     assert len(ingress) > 5 and set(ingress) == {SCHED_BATCH}
+    if ENGINE_CPU is None:
+        return
+    rest = [cpu for cpu in CPUS if cpu != ENGINE_CPU]
+    replica_cpus = by_thread_name(replica_pid, cpus)
+    assert replica_cpus.pop(ENGINE_THREAD_NAME) == [[ENGINE_CPU]]
+    others = values(replica_cpus, by_thread_name(ingress_pid, cpus))
+    assert len(others) > 10 and all(each == rest for each in others)
 
 
 def test_the_default_leaves_every_thread_normal(serve_stack):
     replicas = replica_processes(APP, "TargetReplica")
     assert len(replicas) == 2
+    processes = replicas + replica_processes(APP, "Ingress")
     for pid in replicas:
-        assert thread_policies(pid)[ENGINE_THREAD_NAME] == [SCHED_OTHER]
-    assert set(policies_of(replicas + replica_processes(APP, "Ingress"))) == {SCHED_OTHER}
+        assert by_thread_name(pid)[ENGINE_THREAD_NAME] == [SCHED_OTHER]
+    assert set(values(*map(by_thread_name, processes))) == {SCHED_OTHER}
+    assert all(each == CPUS for each in values(*(by_thread_name(pid, cpus) for pid in processes)))

@@ -1,0 +1,201 @@
+"""Thread placement A/B on one running stack: serving_thread_policy and engine_cpu, interleaved with offline.
+
+bench/serve.py compares arms across separate runs minutes apart, which a machine shared with other work
+(or an idle one that drifts) swamps at concurrency 1. This starts one bench stack (one target replica,
+one ingress replica, direct ingress, bench/serve.py's `start_stack`) and the offline engine beside it,
+then for `--rounds` rounds runs every arm back to back, in rotating order, on the same prompts:
+offline, and the served stack over HTTP and gRPC under each placement, set from here on the serving
+processes' threads as deployments/thread_policy.py sets them from inside (a process may change the
+policy and affinity of its user's threads; the engine thread is the replica's `dspark-engine`):
+  normal   every thread SCHED_OTHER on every CPU (the default)
+  batch    serving_thread_policy: batch (every thread but the engine's SCHED_BATCH)
+  pinned   batch, and engine_cpu: the last CPU (the engine thread alone there, the rest on the others)
+Per arm it reports tok/s/user against offline in the same round (median over rounds), and the engine
+thread's CPU, run-queue wait and preemptions per generated token (from /proc, offline's too).
+
+    python bench/placement_ab.py --model models/target --drafter dspark --num-speculative-tokens 7 \\
+        --concurrency 1 --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from deployments import thread_policy  # noqa: E402
+
+ARMS = {"normal": ("normal", False), "batch": ("batch", False), "pinned": ("batch", True)}
+
+
+def engine_tid(pid: int) -> int:
+    (tid,) = [
+        int(t.name)
+        for t in Path(f"/proc/{pid}/task").iterdir()
+        if (t / "comm").read_text().strip() == thread_policy.ENGINE_THREAD_NAME
+    ]
+    return tid
+
+
+def place(pids: list[int], engine: int, policy: str, pinned: bool) -> None:
+    """Set every thread of `pids` as the arm's AppConfig would from inside, and back for `normal`."""
+    cpus = set(os.sched_getaffinity(0))
+    engine_cpus, serving_cpus = thread_policy.cpu_split(max(cpus) if pinned else None, cpus)
+    for pid in pids:
+        for tid, number in thread_policy.plan(policy, thread_policy.threads(pid), keep={engine}).items():
+            try:
+                os.sched_setscheduler(tid, number, os.sched_param(0))
+                os.sched_setaffinity(tid, engine_cpus if tid == engine else serving_cpus)
+            except ProcessLookupError:
+                continue
+
+
+def thread_counters(pid: int | str, tid: int) -> tuple[int, int, int]:
+    """(ns on a CPU, ns waiting for one, involuntary switches) of one thread so far."""
+    on_cpu, queued, _ = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
+    preempted = 0
+    for line in Path(f"/proc/{pid}/task/{tid}/sched").read_text().splitlines():
+        if line.startswith("nr_involuntary_switches"):
+            preempted = int(line.split(":")[1])
+    return int(on_cpu), int(queued), preempted
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="models/target")
+    parser.add_argument("--drafter", default="dspark")
+    parser.add_argument("--num-speculative-tokens", type=int, default=7)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--out", type=Path, help="write the runs and the summary here (JSON)")
+    args = parser.parse_args(argv)
+
+    import openai
+    import torch
+    from serve import grpc_request, http_request, run_offline, run_threads, serve_pids, start_stack, summarize
+    from transformers import AutoTokenizer
+
+    import dspark_client
+    from drafter_service.demo.corpus import heldout_prompts
+    from dspark import AsyncEngine, EngineConfig
+
+    torch.set_num_threads(1)
+    model = str(Path(args.model).resolve())
+    prompts = heldout_prompts("code", args.prompts, 48, AutoTokenizer.from_pretrained(model))
+    engine_options = {
+        "drafter": args.drafter,
+        "num_speculative_tokens": args.num_speculative_tokens,
+        "max_num_seqs": args.concurrency,
+    }
+    offline = AsyncEngine(EngineConfig(model=model, **engine_options))
+    http_url, grpc_target = start_stack(model, engine_options, 1, direct_ingress=True)
+    http = openai.OpenAI(base_url=http_url + "/v1", api_key="-", max_retries=0, timeout=600)
+    grpc_client = dspark_client.Client(grpc_target, timeout_s=600)
+    surfaces = {
+        "http": http_request(http, Path(model).name, args.max_tokens),
+        "grpc": grpc_request(grpc_client, args.max_tokens),
+    }
+    runs: list[dict] = []
+    try:
+        pids = serve_pids()
+        replica = pids["replica"][0]
+        served = pids["replica"] + pids["ingress"]
+        engine = engine_tid(replica)
+        run_offline(offline, prompts[:1], args.max_tokens, 1)  # warm every path (connections, imports)
+        for request in surfaces.values():
+            run_threads(request, prompts[:1], 1)
+        order = ["offline", *args.arms]
+        for r in range(args.rounds):
+            for k in range(len(order)):
+                arm = order[(k + r) % len(order)]
+                jobs = {"offline": None} if arm == "offline" else surfaces
+                if arm != "offline":
+                    place(served, engine, *ARMS[arm])
+                for surface in jobs:
+                    where, tid = ("self", offline.thread_id) if arm == "offline" else (replica, engine)
+                    before = thread_counters(where, tid)
+                    load = os.getloadavg()[0]
+                    if arm == "offline":
+                        samples, wall = run_offline(offline, prompts, args.max_tokens, args.concurrency)
+                    else:
+                        samples, wall = run_threads(surfaces[surface], prompts, args.concurrency)
+                    after = thread_counters(where, tid)
+                    tokens = sum(s.tokens for s in samples)
+                    cpu, queued, preempted = (a - b for a, b in zip(after, before))
+                    runs.append(
+                        {
+                            "round": r,
+                            "arm": arm,
+                            "surface": surface or "offline",
+                            "tok_s_user": summarize(samples, wall)["tok_s_user"],
+                            "engine_cpu_ms_per_token": cpu / tokens / 1e6,
+                            "engine_wait_ms_per_token": queued / tokens / 1e6,
+                            "engine_preempted_per_token": preempted / tokens,
+                            "load_1m": load,
+                        }
+                    )
+                    print(json.dumps(runs[-1]), flush=True)
+        place(served, engine, "normal", False)
+    finally:
+        grpc_client.close()
+        offline.shutdown()
+        import ray
+        from ray import serve
+
+        serve.shutdown()
+        ray.shutdown()
+
+    summary = {}
+    for arm in args.arms:
+        for surface in surfaces:
+            mine = [x for x in runs if x["arm"] == arm and x["surface"] == surface]
+            vs = [
+                x["tok_s_user"]
+                / next(o["tok_s_user"] for o in runs if o["arm"] == "offline" and o["round"] == x["round"])
+                - 1
+                for x in mine
+            ]
+            summary[f"{arm}_{surface}"] = {
+                "vs_offline_median": statistics.median(vs),
+                **{
+                    key: statistics.median(x[key] for x in mine)
+                    for key in (
+                        "engine_cpu_ms_per_token",
+                        "engine_wait_ms_per_token",
+                        "engine_preempted_per_token",
+                    )
+                },
+            }
+    offline_runs = [x for x in runs if x["arm"] == "offline"]
+    summary["offline"] = {
+        key: statistics.median(x[key] for x in offline_runs)
+        for key in (
+            "tok_s_user",
+            "engine_cpu_ms_per_token",
+            "engine_wait_ms_per_token",
+            "engine_preempted_per_token",
+        )
+    }
+    print(f"\nconcurrency {args.concurrency}, {args.rounds} rounds, medians:")
+    for name, row in summary.items():
+        print(
+            f"  {name:14s} "
+            + ", ".join(f"{k} {v:+.3f}" if k.startswith("vs") else f"{k} {v:.3f}" for k, v in row.items())
+        )
+    if args.out:
+        args.out.write_text(json.dumps({"command": sys.argv, "runs": runs, "summary": summary}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

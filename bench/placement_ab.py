@@ -7,8 +7,8 @@ then for `--rounds` rounds runs every arm back to back, in rotating order, on th
 offline, and the served stack over HTTP and gRPC under each placement, set from here on the serving
 processes' threads as deployments/thread_policy.py sets them from inside (a process may change the
 policy and affinity of its user's threads; the engine thread is the replica's `dspark-engine`):
-  normal   every thread SCHED_OTHER on every CPU (the default)
-  batch    serving_thread_policy: batch (every thread but the engine's SCHED_BATCH)
+  normal   serving_thread_policy: normal (every thread SCHED_OTHER on every CPU)
+  batch    serving_thread_policy: batch, the default (every thread but the engine's SCHED_BATCH)
   pinned   batch, and engine_cpu: the last CPU (the engine thread alone there, the rest on the others)
 Per arm it reports tok/s/user against offline in the same round (median over rounds), and the engine
 thread's CPU, run-queue wait and preemptions per generated token (from /proc, offline's too).

@@ -45,8 +45,8 @@ def test_engine_cpu_needs_one_torch_thread(tmp_path):
 
 def test_the_field_takes_normal_or_batch_only(tmp_path):
     (tmp_path / "config.json").write_text("{}")
-    assert AppConfig(model=str(tmp_path)).serving_thread_policy == "normal"
-    assert AppConfig(model=str(tmp_path), serving_thread_policy="batch").serving_thread_policy == "batch"
+    assert AppConfig(model=str(tmp_path)).serving_thread_policy == "batch"
+    assert AppConfig(model=str(tmp_path), serving_thread_policy="normal").serving_thread_policy == "normal"
     with pytest.raises(ValidationError, match="serving_thread_policy\n  Input should be 'normal' or 'batch'"):
         AppConfig(model=str(tmp_path), serving_thread_policy="idle")
 

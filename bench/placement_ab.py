@@ -132,12 +132,17 @@ def main(argv: list[str] | None = None) -> int:
                     after = thread_counters(where, tid)
                     tokens = sum(s.tokens for s in samples)
                     cpu, queued, preempted = (a - b for a, b in zip(after, before))
+                    point = summarize(samples, wall)
                     runs.append(
                         {
                             "round": r,
                             "arm": arm,
                             "surface": surface or "offline",
-                            "tok_s_user": summarize(samples, wall)["tok_s_user"],
+                            "tok_s_user": point["tok_s_user"],
+                            "ttft_ms": 1000 * point["ttft_s"],
+                            # after the first token: what the engine's steps and the stream's hops set
+                            "decode_ms_per_token": 1000
+                            * statistics.mean((s.seconds - s.ttft) / max(1, s.tokens - 1) for s in samples),
                             "engine_cpu_ms_per_token": cpu / tokens / 1e6,
                             "engine_wait_ms_per_token": queued / tokens / 1e6,
                             "engine_preempted_per_token": preempted / tokens,
@@ -170,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
                 **{
                     key: statistics.median(x[key] for x in mine)
                     for key in (
+                        "ttft_ms",
+                        "decode_ms_per_token",
                         "engine_cpu_ms_per_token",
                         "engine_wait_ms_per_token",
                         "engine_preempted_per_token",
@@ -181,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         key: statistics.median(x[key] for x in offline_runs)
         for key in (
             "tok_s_user",
+            "ttft_ms",
+            "decode_ms_per_token",
             "engine_cpu_ms_per_token",
             "engine_wait_ms_per_token",
             "engine_preempted_per_token",

@@ -104,7 +104,7 @@ def test_write_profile_fits_the_step_and_drafter_terms_to_the_sweeps_over_the_re
     }
 
     plain = derive_profile(profile, measured["serving"], serve, measured["command"])
-    fitted = derive_profile(profile, serving, serve, "python bench/serving_cost.py --models models")
+    fitted = derive_profile(profile, serving, serve, measured["command"])
     assert {k: fitted[k] for k in terms} == pytest.approx(terms, abs=1e-9)
     assert {k: fitted[k] for k in drafter} == pytest.approx(drafter, abs=1e-9)
     assert fitted["sps"] == {"points": table["points"], "rates": table["rates"]}
@@ -142,9 +142,15 @@ def test_a_measurement_with_its_own_path_run_and_time_sets_request_path_s_and_na
     run and its start time: request_path_s comes from that run, not from serve_proxy.json, and the host
     and path sources name the command and the time; the rest is derived as without it."""
     root = Path(__file__).resolve().parents[2]
-    measured = json.loads((root / "bench" / "results" / "serving_cost.json").read_text())
+    committed = json.loads((root / "bench" / "results" / "serving_cost.json").read_text())
     serve = json.loads((root / "bench" / "results" / "serve_proxy.json").read_text())
     profile = json.loads((root / "sim" / "profiles" / "cpu_measured.json").read_text())
+    # The committed measurement as serving_cost.py alone makes it: no start time, no path run.
+    measured = {
+        **{k: v for k, v in committed.items() if k != "measured_at"},
+        "command": "python bench/serving_cost.py --models models",
+        "serving": {k: v for k, v in committed["serving"].items() if k != "path"},
+    }
     path = {
         "requests": 16,
         "engine_steps": 16,

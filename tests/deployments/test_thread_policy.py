@@ -51,10 +51,8 @@ def test_the_field_takes_normal_or_batch_only(tmp_path):
         AppConfig(model=str(tmp_path), serving_thread_policy="idle")
 
 
-# A process with a started "engine" thread: everything else goes batch, the engine thread stays normal; a
-# thread a batch thread starts afterwards is batch; an engine thread a batch thread starts (a rebuild) is
-# put back to normal by the next apply, without privileges; the engine thread is named in /proc.
-CHILD = """
+# The child processes' common start: a thread parked until told, and its stop event.
+STARTED = """
 import json, os, threading
 from deployments import thread_policy
 
@@ -68,7 +66,20 @@ def started():
     thread.start()
     ready.wait()
     return thread, done
+"""
 
+
+def run_child(script: str) -> dict:
+    """Run `script` in a fresh interpreter (its own threads, its own policies) and read what it printed."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
+    return json.loads(out.stdout)
+
+
+# A process with a started "engine" thread: everything else goes batch, the engine thread stays normal; a
+# thread a batch thread starts afterwards is batch; an engine thread a batch thread starts (a rebuild) is
+# put back to normal by the next apply, without privileges; the engine thread is named in /proc.
+CHILD = """
 engine, stop_engine = started()
 other, stop_other = started()
 first = thread_policy.apply("batch", keep={engine.native_id})
@@ -92,9 +103,7 @@ print(json.dumps(seen))
 
 
 def test_the_kernel_applies_it_per_thread_and_back_without_privileges():
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, check=True)
-    seen = json.loads(out.stdout)
+    seen = run_child(STARTED + CHILD)
     assert seen["applied"] == [SCHED_OTHER, SCHED_BATCH, SCHED_BATCH]  # main, engine, other
     assert (seen["main"], seen["engine"], seen["other"]) == (SCHED_BATCH, SCHED_OTHER, SCHED_BATCH)
     assert seen["later"] == SCHED_BATCH  # inherited from the thread that started it
@@ -105,20 +114,6 @@ def test_the_kernel_applies_it_per_thread_and_back_without_privileges():
 # engine_cpu: the engine thread on the last CPU, every other thread (started before or after) on the rest;
 # reapplied after a "rebuild" from a serving thread, which sees the whole set again.
 PINNED = """
-import json, os, threading
-from deployments import thread_policy
-
-def park(ready, done):
-    ready.set()
-    done.wait()
-
-def started():
-    ready, done = threading.Event(), threading.Event()
-    thread = threading.Thread(target=park, args=(ready, done))
-    thread.start()
-    ready.wait()
-    return thread, done
-
 cpus = sorted(os.sched_getaffinity(0))
 engine, stop_engine = started()
 thread_policy.apply("normal", keep={engine.native_id}, engine_cpu=cpus[-1])
@@ -137,9 +132,7 @@ print(json.dumps(seen))
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a CPU to spare")
 def test_engine_cpu_pins_the_engine_thread_alone():
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    out = subprocess.run([sys.executable, "-c", PINNED], capture_output=True, text=True, env=env, check=True)
-    seen = json.loads(out.stdout)
+    seen = run_child(STARTED + PINNED)
     engine_cpu, rest = seen["cpus"][-1:], seen["cpus"][:-1]
     assert (seen["engine"], seen["main"], seen["later"]) == (engine_cpu, rest, rest)
     assert (seen["rebuilt"], seen["old_engine"]) == (engine_cpu, rest)
@@ -162,9 +155,7 @@ print(json.dumps(seen))
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a CPU to spare")
 def test_an_ingress_keeps_off_the_engine_cpu():
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    out = subprocess.run([sys.executable, "-c", INGRESS], capture_output=True, text=True, env=env, check=True)
-    seen = json.loads(out.stdout)
+    seen = run_child(INGRESS)
     assert seen["elsewhere"] == seen["cpus"]
     assert seen["here"] == seen["cpus"][:-1]
 

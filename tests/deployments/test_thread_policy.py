@@ -163,5 +163,21 @@ def test_an_ingress_keeps_off_the_engine_cpu():
 def test_normal_touches_nothing():
     from deployments import thread_policy
 
+    # What this process runs under is whatever earlier tests left (an in-process replica makes its
+    # threads batch): "normal" must leave every thread's policy as it found it.
+    def policies() -> dict[int, int]:
+        seen = {}
+        for tid in thread_policy.threads():
+            try:
+                seen[tid] = os.sched_getscheduler(tid)
+            except ProcessLookupError:  # a thread (Ray's, from an earlier test) ended since the listing
+                continue
+        return seen
+
+    before = policies()
     assert thread_policy.apply("normal", keep={1}) == {}
-    assert os.sched_getscheduler(0) == SCHED_OTHER
+    after = policies()
+    assert os.getpid() in before.keys() & after.keys()
+    assert {tid: after[tid] for tid in before.keys() & after.keys()} == {
+        tid: before[tid] for tid in before.keys() & after.keys()
+    }

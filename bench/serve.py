@@ -64,19 +64,17 @@ def summarize(samples: list[Sample], wall: float) -> dict:
     }
 
 
-def serve_pids() -> dict[str, list[int]]:
-    """This run's serving processes (descendants of this one: another Ray on the machine is not ours)."""
-    found: dict[str, list[int]] = {}
+def own_processes() -> dict[int, str]:
+    """The command lines of this process' descendants, by pid (another Ray on the machine is not ours)."""
     parents: dict[int, int] = {}
+    cmdlines: dict[int, str] = {}
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
             parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[1])
         except (OSError, ValueError, IndexError):
             continue
-        for name, title in PROCESSES.items():
-            if cmdline.startswith("ray::") and title in cmdline:
-                found.setdefault(name, []).append(int(entry))
+        cmdlines[int(entry)] = cmdline
 
     def ours(pid: int) -> bool:
         while pid > 1:
@@ -85,7 +83,17 @@ def serve_pids() -> dict[str, list[int]]:
             pid = parents.get(pid, 1)
         return False
 
-    return {name: [p for p in pids if ours(p)] for name, pids in found.items() if any(map(ours, pids))}
+    return {pid: cmdline for pid, cmdline in cmdlines.items() if ours(pid)}
+
+
+def serve_pids() -> dict[str, list[int]]:
+    """This run's serving processes, by PROCESSES' names."""
+    found: dict[str, list[int]] = {}
+    for pid, cmdline in own_processes().items():
+        for name, title in PROCESSES.items():
+            if cmdline.startswith("ray::") and title in cmdline:
+                found.setdefault(name, []).append(pid)
+    return found
 
 
 def cpu_seconds(pids: list[int]) -> float:

@@ -15,6 +15,7 @@ import pytest
 from ray import serve
 from serving import APP, ENGINE, app_args
 
+from bench.serve import own_processes
 from deployments.app import build_app
 from deployments.thread_policy import ENGINE_THREAD_NAME, SCHED_BATCH, SCHED_OTHER
 from dspark import LLM, SamplingParams
@@ -29,22 +30,8 @@ ENGINE_CPU = CPUS[-1] if len(CPUS) > 1 else None  # where there is a CPU to spar
 def replica_processes(app: str, deployment: str) -> list[int]:
     """The pids of the replica processes of `app`'s `deployment` that descend from this process (Ray
     started here; another Ray on the machine is not ours)."""
-    parents, found = {}, []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
-            parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if cmdline.startswith(f"ray::ServeReplica:{app}:{deployment}"):
-            found.append(int(entry))
-
-    def ours(pid: int) -> bool:
-        while pid > 1 and pid != os.getpid():
-            pid = parents.get(pid, 1)
-        return pid == os.getpid()
-
-    return [p for p in found if ours(p)]
+    title = f"ray::ServeReplica:{app}:{deployment}"
+    return [pid for pid, cmdline in own_processes().items() if cmdline.startswith(title)]
 
 
 def by_thread_name(pid: int, read=os.sched_getscheduler) -> dict[str, list]:

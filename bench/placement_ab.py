@@ -30,6 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from stream_profile import thread_sched  # noqa: E402
+
 from deployments import thread_policy  # noqa: E402
 
 ARMS = {"normal": ("normal", False), "batch": ("batch", False), "pinned": ("batch", True)}
@@ -59,12 +61,7 @@ def place(pids: list[int], engine: int, policy: str, pinned: bool) -> None:
 
 def thread_counters(pid: int | str, tid: int) -> tuple[int, int, int]:
     """(ns on a CPU, ns waiting for one, involuntary switches) of one thread so far."""
-    on_cpu, queued, _ = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
-    preempted = 0
-    for line in Path(f"/proc/{pid}/task/{tid}/sched").read_text().splitlines():
-        if line.startswith("nr_involuntary_switches"):
-            preempted = int(line.split(":")[1])
-    return int(on_cpu), int(queued), preempted
+    return thread_sched(Path(f"/proc/{pid}/task/{tid}"))[:3]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -64,20 +64,28 @@ def sched_ns(pid: int) -> dict[str, tuple[int, ...]]:
     its moves between CPUs (/proc/.../sched, where the kernel has it; 0 otherwise)."""
     times = {}
     for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            on_cpu, queued, _ = (task / "schedstat").read_text().split()
-        except (OSError, ValueError):
-            continue
-        counts = dict.fromkeys(("nr_involuntary_switches", "se.nr_migrations"), 0)
-        try:
-            for line in (task / "sched").read_text().splitlines():
-                key, _, value = line.partition(":")
-                if key.strip() in counts:
-                    counts[key.strip()] = int(float(value))
-        except (OSError, ValueError):
-            pass
-        times[task.name] = (int(on_cpu), int(queued), *counts.values())
+        counters = thread_sched(task)
+        if counters is not None:
+            times[task.name] = counters
     return times
+
+
+def thread_sched(task: Path) -> tuple[int, int, int, int] | None:
+    """One thread's (ns on a CPU, ns waiting for one, involuntary switches, CPU moves) so far, from its
+    /proc task directory (the last two 0 where the kernel has no /proc/.../sched); None once it ended."""
+    try:
+        on_cpu, queued, _ = (task / "schedstat").read_text().split()
+    except (OSError, ValueError):
+        return None
+    counts = dict.fromkeys(("nr_involuntary_switches", "se.nr_migrations"), 0)
+    try:
+        for line in (task / "sched").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in counts:
+                counts[key.strip()] = int(float(value))
+    except (OSError, ValueError):
+        pass
+    return (int(on_cpu), int(queued), *counts.values())
 
 
 def engine_waits(stats: dict, before: dict, pid: int, sched_before: dict[str, tuple[int, ...]]) -> str:

@@ -34,6 +34,14 @@ from stream_profile import thread_sched  # noqa: E402
 
 from deployments import thread_policy  # noqa: E402
 
+# What each run records beside tok/s/user, summarised per arm as medians over the rounds.
+MEASURES = (
+    "ttft_ms",
+    "decode_ms_per_token",
+    "engine_cpu_ms_per_token",
+    "engine_wait_ms_per_token",
+    "engine_preempted_per_token",
+)
 ARMS = {"normal": ("normal", False), "batch": ("batch", False), "pinned": ("batch", True)}
 
 
@@ -169,28 +177,11 @@ def main(argv: list[str] | None = None) -> int:
             ]
             summary[f"{arm}_{surface}"] = {
                 "vs_offline_median": statistics.median(vs),
-                **{
-                    key: statistics.median(x[key] for x in mine)
-                    for key in (
-                        "ttft_ms",
-                        "decode_ms_per_token",
-                        "engine_cpu_ms_per_token",
-                        "engine_wait_ms_per_token",
-                        "engine_preempted_per_token",
-                    )
-                },
+                **{key: statistics.median(x[key] for x in mine) for key in MEASURES},
             }
     offline_runs = [x for x in runs if x["arm"] == "offline"]
     summary["offline"] = {
-        key: statistics.median(x[key] for x in offline_runs)
-        for key in (
-            "tok_s_user",
-            "ttft_ms",
-            "decode_ms_per_token",
-            "engine_cpu_ms_per_token",
-            "engine_wait_ms_per_token",
-            "engine_preempted_per_token",
-        )
+        key: statistics.median(x[key] for x in offline_runs) for key in ("tok_s_user", *MEASURES)
     }
     print(f"\nconcurrency {args.concurrency}, {args.rounds} rounds, medians:")
     for name, row in summary.items():

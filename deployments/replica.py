@@ -84,9 +84,12 @@ class TargetReplica:
         self._pending_snapshot: asyncio.Future | None = None  # at most one stats call queued at a time
         # The engine thread keeps its CPU: the serving threads (Serve's, Ray's, the event loop, the
         # socket's) yield to it on wake-up; again after a rebuild, whose engine thread a worker started.
+        # Only a Serve replica owns its process: called directly (tests, benches), the class must leave
+        # its caller's threads as they were.
         engine_thread = self.engine.thread_id
         thread_policy.name_thread(engine_thread, thread_policy.ENGINE_THREAD_NAME)
-        thread_policy.apply(self.config.serving_thread_policy, {engine_thread}, self.config.engine_cpu)
+        if _replica_context() is not None:
+            thread_policy.apply(self.config.serving_thread_policy, {engine_thread}, self.config.engine_cpu)
 
     async def reconfigure(self, user_config: None, rank: ReplicaRank | None = None) -> None:
         """Serve's call at start and whenever it changes this replica's rank (deployments/replica_engine.py):
@@ -408,11 +411,17 @@ def _retrieve(future: asyncio.Future) -> None:
         future.exception()
 
 
-def _replica_rank() -> int:
+def _replica_context():
+    """Serve's context for this replica, or None outside Serve (tests and benches calling the class)."""
     try:
-        return serve.get_replica_context().rank.rank
-    except Exception:  # outside Serve (tests calling the class directly)
-        return 0
+        return serve.get_replica_context()
+    except Exception:
+        return None
+
+
+def _replica_rank() -> int:
+    context = _replica_context()
+    return context.rank.rank if context is not None else 0
 
 
 def _node_ip() -> str:
@@ -424,7 +433,5 @@ def _node_ip() -> str:
 
 
 def _replica_id() -> str:
-    try:
-        return serve.get_replica_context().replica_id.unique_id
-    except Exception:  # outside Serve (tests calling the class directly)
-        return "local"
+    context = _replica_context()
+    return context.replica_id.unique_id if context is not None else "local"

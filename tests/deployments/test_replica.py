@@ -4,6 +4,7 @@ and a stalled or broken engine: reported by the health check, answered within de
 from __future__ import annotations
 
 import asyncio
+import os
 import pickle
 import threading
 import time
@@ -12,7 +13,7 @@ import pytest
 from ray import cloudpickle
 from serving import ENGINE, decoded, wait_until
 
-from deployments import running
+from deployments import running, thread_policy
 from deployments.events import StreamEvent, coalesce, coalesce_interval, received
 from deployments.grpc_api import _final
 from deployments.replica import TargetReplica
@@ -35,6 +36,16 @@ def replica(qwen3_dir):
     replica = make_replica(qwen3_dir)
     yield replica
     replica.__del__()
+
+
+def test_a_replica_called_outside_serve_leaves_its_callers_threads_alone(replica):
+    # serving_thread_policy defaults to batch, which a Serve replica applies to its own process; called
+    # directly, the class shares its caller's process and must not change any of its threads (the caller
+    # here is pytest's process, whose every thread starts normal).
+    assert replica.config.serving_thread_policy == "batch"
+    policies = {tid: os.sched_getscheduler(tid) for tid in thread_policy.threads()}
+    assert replica.engine.thread_id in policies
+    assert set(policies.values()) == {thread_policy.SCHED_OTHER}
 
 
 def prompt_ids(replica) -> list[int]:

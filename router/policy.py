@@ -57,7 +57,8 @@ The choice (llm-d's endpoint picker's shape: filters -> scorers -> pick).
   `ample_slack` (half the targets to spare): beyond it a replica is comfortably fast, and being
   predicted faster still earns nothing, since predictions carry noise and a replica that looks a little
   faster would otherwise take every request. Slacks within `tie_margin` of the best are a tie: the
-  least loaded of them wins, so equal replicas share load instead of one taking every request;
+  least loaded of them for its size wins (the share of its max_num_seqs in use: replicas of different
+  sizes fill in proportion), so equal replicas share load instead of one taking every request;
   between equally loaded ones, the soonest predicted first token, then a seeded draw.
   Prefix affinity falls out of the prediction, not a rule of its own: a replica that caches the
   prompt's leading pages skips their prefill, so its TTFT is lower (its slack higher when TTFT binds,
@@ -172,6 +173,12 @@ class ReplicaState:
     @property
     def load(self) -> int:
         return self.running + self.queued
+
+    @property
+    def occupancy(self) -> float:
+        """The share of its sequence slots in use: how loaded it is for its size. Replicas differ in
+        max_num_seqs (a heterogeneous pool), and 2 requests fill one with 2 slots but not one with 8."""
+        return self.load / max(1, self.max_num_seqs)
 
 
 @dataclass(frozen=True)
@@ -516,12 +523,13 @@ def _score(c: Candidate, ample: float) -> float:
 
 
 def _rank_key(c: Candidate, ample: float) -> tuple:
-    return (not c.feasible, c.tier, -_score(c, ample), c.state.load)
+    return (not c.feasible, c.tier, -_score(c, ample), c.state.occupancy)
 
 
 def _break_tie(order: list[Candidate], config: PolicyConfig, rng: random.Random) -> Candidate:
     """Among the candidates tied with the best (same class of rank, slack within the tie margin, or
-    both ample), the least loaded; between equally loaded ones, the soonest first token; then a draw."""
+    both ample), the least loaded for its size (occupancy); between equally loaded ones, the soonest
+    first token; then a draw."""
     best = order[0]
     floor = _score(best, config.ample_slack) - config.tie_margin
     tied = [
@@ -529,8 +537,8 @@ def _break_tie(order: list[Candidate], config: PolicyConfig, rng: random.Random)
         for c in order
         if c.feasible == best.feasible and c.tier == best.tier and _score(c, config.ample_slack) >= floor
     ]
-    least = min(c.state.load for c in tied)
-    tied = [c for c in tied if c.state.load == least]
+    least = min(c.state.occupancy for c in tied)
+    tied = [c for c in tied if c.state.occupancy == least]
     # Equally loaded: the one predicted to start the newcomer soonest, which is where prefix affinity
     # acts: a replica holding the prompt's prefix skips that prefill. A draw between equals.
     soonest = min(_ttft(c) for c in tied)

@@ -325,6 +325,30 @@ def test_ties_spread_load_and_are_seeded():
     assert assign(0) == picks and assign(1) != picks
 
 
+def test_replicas_of_different_sizes_fill_in_proportion_to_their_slots():
+    # Both comfortably fast (ample slack: a tie), 8 slots against 2: the least loaded *for its size*
+    # wins, so the small one is not filled first and keeps a slot while the big one has room.
+    def assign(requests: int) -> dict[str, int]:
+        states = [replica("big", FAST, max_num_seqs=8), replica("small", FAST, max_num_seqs=2)]
+        rng = random.Random(0)
+        for _ in range(requests):
+            chosen = decide(states, request(), CONFIG, rng).ranking[0]
+            states = [replace(s, running=s.running + 1) if s.replica_id == chosen else s for s in states]
+        return {s.replica_id: s.running for s in states}
+
+    assert assign(5) == {"big": 4, "small": 1}
+    assert assign(10) == {"big": 8, "small": 2}  # then both are full
+    # 2 of 8 against 1 of 2: absolute load would pick the small one; its share in use is twice the big's.
+    states = [
+        replica("big", FAST, max_num_seqs=8, running=2),
+        replica("small", FAST, max_num_seqs=2, running=1),
+    ]
+    assert (states[0].occupancy, states[1].occupancy) == (0.25, 0.5)
+    assert {decide(states, request(), CONFIG, random.Random(seed)).ranking[0] for seed in range(10)} == {
+        "big"
+    }
+
+
 # A prompt's leading pages by name (the ingress hashes them: dspark.prefix_cache.route_hashes).
 PAGES = PromptPages(16, tuple(f"p{k}" for k in range(64)))  # 64 pages of 16: 1,024 tokens
 

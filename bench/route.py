@@ -1,10 +1,15 @@
 """Routing under SLA load: Ray Serve's power-of-two and round-robin routers against the SLA router.
 
 Real Ray Serve on this machine: one ingress and two target replicas (build_app, the gRPC surface), in
-two settings:
-  heterogeneous: replica 0 runs the drafter at a fixed block (--drafter, --num-speculative-tokens,
-                 scheduler fixed), replica 1 runs without speculation: one fast replica, one slow;
-  uniform:       both replicas run the drafter (the control: a router should neither win nor lose).
+these settings (bench/route_workload.py setting_engines; every replica runs the drafter at a fixed
+block, --drafter, --num-speculative-tokens, scheduler fixed, unless the setting says otherwise):
+  heterogeneous:    replica 0 has --max-num-seqs sequence slots, replica 1 --small-max-num-seqs: one
+                    big replica, one small, behind the deployment's one max_ongoing_requests (the big
+                    one's, as a user would set it), so Serve's routers send the small one requests it
+                    has no slot for, and it refuses them;
+  uniform:          both as replica 0 (the control: a router should neither win nor lose);
+  drafter_vs_plain: replica 1 without speculation (not run by default: on a 2-core CPU the drafter
+                    replica runs at nearly the plain one's speed, so there is little to route around).
 Arms (`router:` in the app config): pow2 (Serve's default), round_robin (Serve's), sla (ours). One arm
 at a time: the app is deleted and deployed again with that router (each arm starts on fresh replicas,
 their SPS tables read from the cache, the replicas' kinds checked against the setting), warmed up, then
@@ -18,12 +23,13 @@ Load (bench/route_workload.py): seeded open-loop Poisson arrivals for --window-s
 SLA classes (interactive: tight targets, may be refused; batch: loose, never refused), log-normal prompt
 and output lengths, greedy decoding to exactly max_tokens. Load points are fractions of the setting's
 capacity, measured first (closed loop at every replica's max_num_seqs under pow2, requests finished
-per second), so they reach overload on any machine. The interactive TPOT target is, unless given, the
+per second; a refused request's worker backs off REFUSED_BACKOFF_S before its next), so they reach
+overload on any machine. The interactive TPOT target is, unless given, the
 median TPOT of that measurement in the heterogeneous setting: between what the fast and the slow
 replica deliver at full load, where the choice of replica decides whether it is met. Every arm of a
 setting replays the same schedules (the seed fixes them).
 
-    python bench/route.py --models models            # the full run: ~25 minutes on an idle 2-core box
+    python bench/route.py --models models            # the full run: ~23 minutes on an idle 2-core box
     python bench/route.py --models models --quick    # a smoke run: 1 repeat, 2 short load points
 
 Writes bench/results/route.json (settings, per-arm points, summary with the goodput ratios against
@@ -51,11 +57,13 @@ sys.path.insert(0, str(REPO / "sdk"))
 
 from bench import route_decision  # noqa: E402
 from bench.route_workload import (  # noqa: E402
+    SETTINGS,
     Arrival,
     Lengths,
     Outcome,
     SlaTarget,
     arm_order,
+    engine_kind,
     goodput,
     goodput_interpolated,
     kinds_problem,
@@ -64,12 +72,14 @@ from bench.route_workload import (  # noqa: E402
     paired_ratios,
     schedule,
     score,
+    setting_engines,
 )
 
 RESULTS = REPO / "bench" / "results"
 APP = "route"
 ARMS = ("pow2", "round_robin", "sla")
-SETTINGS = ("heterogeneous", "uniform")
+DEFAULT_SETTINGS = ["heterogeneous", "uniform"]
+REFUSED_BACKOFF_S = 0.1  # a closed-loop worker refused (429) waits this long: no spinning on a full replica
 TEXT_FILES = ("textwrap.py", "bisect.py", "argparse.py", "json/decoder.py")  # prompt text: stdlib source
 
 
@@ -78,9 +88,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--models", type=Path, default=REPO / "models", help="holds target/ (and drafters/)")
     p.add_argument("--drafter", default="dspark")
     p.add_argument("--num-speculative-tokens", type=int, default=7)
-    p.add_argument("--max-num-seqs", type=int, default=8)
+    p.add_argument("--max-num-seqs", type=int, default=8, help="every replica's, but the small one's")
+    p.add_argument("--small-max-num-seqs", type=int, default=2, help="replica 1's in heterogeneous")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
-    p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS)
+    p.add_argument("--settings", nargs="+", default=DEFAULT_SETTINGS, choices=SETTINGS)
     # Where goodput is decided: from comfortable load to overload, two points where every arm crossed 90 %
     # attainment before (between 0.7 and 1.0 x capacity); 12 s windows give ~50-130 requests per point.
     p.add_argument("--load", type=float, nargs="+", default=[0.6, 0.8, 1.0, 1.3], help="x capacity")
@@ -110,13 +121,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 # ---- the stack ------------------------------------------------------------------------------------
 
 
-def app_args(args: argparse.Namespace, setting: str, arm: str, targets: list[SlaTarget]) -> dict:
-    fast = {
+def engines_of(args: argparse.Namespace, setting: str) -> list[dict]:
+    """Each replica's engine options (by Serve rank) in `setting`."""
+    drafter = {
         "drafter": args.drafter,
         "num_speculative_tokens": args.num_speculative_tokens,
         "scheduler": "fixed",
     }
-    by_rank = [fast, {"drafter": "none"}] if setting == "heterogeneous" else [fast]
+    return setting_engines(setting, drafter, args.max_num_seqs, args.small_max_num_seqs)
+
+
+def app_args(args: argparse.Namespace, setting: str, arm: str, targets: list[SlaTarget]) -> dict:
     return {
         "model": str((args.models / "target").resolve()),
         "num_replicas": 2,
@@ -124,8 +139,11 @@ def app_args(args: argparse.Namespace, setting: str, arm: str, targets: list[Sla
         "replica_num_cpus": 0.5,
         "ingress_num_cpus": 0.25,
         "torch_num_threads": args.threads,
-        "engine": {"max_num_seqs": args.max_num_seqs, "cost_table_profile": "coarse"},
-        "engine_by_rank": by_rank,
+        "engine": {"cost_table_profile": "coarse"},
+        "engine_by_rank": engines_of(args, setting),
+        # Serve's limit is the deployment's, one value for every replica: the biggest replica's slots
+        # (as AppConfig defaults it), as a user would set it. Only the SLA router reads each replica's own.
+        "max_ongoing_requests": args.max_num_seqs,
         "router": arm,
         # Every arm streams the same lean way: the multiplexed streams over the socket transport (the
         # default) need no router's pin, so they apply with Serve's routers as with ours
@@ -180,7 +198,8 @@ def deploy(args: dict, setting: str) -> None:
     if APP in serve.status().applications:
         serve.delete(APP)
     serve.run(build_app(args), name=APP, route_prefix="/")
-    problem = kinds_problem(setting, [r["kind"] for r in replica_report({}, replica_stats()).values()])
+    kinds = [r["kind"] for r in replica_report({}, replica_stats()).values()]
+    problem = kinds_problem(setting, args["engine_by_rank"], kinds)
     if problem:
         raise RuntimeError(problem)
 
@@ -197,7 +216,7 @@ def replica_report(before: dict[str, dict], after: dict[str, dict]) -> dict[str,
     where the load went and whether the predictions could have been right."""
     return {
         rid: {
-            "kind": "drafter" if s.get("draft_window") else "plain",
+            "kind": engine_kind(bool(s.get("draft_window")), s.get("max_num_seqs", 0)),
             "finished": s.get("finished_requests", 0) - before.get(rid, {}).get("finished_requests", 0),
             **{k: s.get(k) for k in ("recent_tau", "mean_verified", "step_overhead")},
         }
@@ -283,6 +302,8 @@ async def closed_loop(
                 if time.perf_counter() - start >= seconds:
                     return
                 outcomes.append(await one_request(client, pool, arrival, index, 120.0))
+                if outcomes[-1].status == "refused":
+                    await asyncio.sleep(REFUSED_BACKOFF_S)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - start
@@ -299,7 +320,7 @@ def run_setting(args, setting: str, target: str, pool: list[int], targets: list[
     # runs on this deployment (it reads no SLA targets, so measuring them later changes nothing there).
     deploy(app_args(args, setting, "pow2", targets), setting)
     calibration = schedule(1.0, 4000.0, targets, prompt, output, args.seed)  # only the requests count
-    concurrency = 2 * args.max_num_seqs
+    concurrency = sum(e["max_num_seqs"] for e in engines_of(args, setting))  # every replica's slots
     asyncio.run(closed_loop(target, pool, calibration, concurrency, 1.0))  # warm: first calls, tables
     capacity, outcomes = asyncio.run(closed_loop(target, pool, calibration, concurrency, args.calibrate_s))
     tpots = [o.tpot_s for o in outcomes if o.tpot_s is not None]
@@ -378,6 +399,7 @@ def summary(settings: dict, decision: dict) -> dict:
     return {
         "goodput_ratio_vs_pow2_heterogeneous": ratio("heterogeneous"),
         "goodput_ratio_vs_pow2_uniform": ratio("uniform"),
+        "goodput_ratio_vs_pow2_drafter_vs_plain": ratio("drafter_vs_plain"),
         # The same, with each arm's goodput interpolated where attainment crosses 90% (less noisy).
         "goodput_ratio_vs_pow2_heterogeneous_interpolated": ratio(
             "heterogeneous", "goodput_rps_interpolated"
@@ -458,7 +480,6 @@ def main(argv: list[str] | None = None) -> int:
 
         serve.shutdown()
         ray.shutdown()
-    fast = f"{args.drafter} drafter, fixed block {args.num_speculative_tokens}"
     result = {
         "command": "python bench/route.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": {
@@ -470,9 +491,8 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {
             "replicas": 2,
             "streams": "multiplexed over the socket transport, every arm",
-            "heterogeneous": f"rank 0: {fast}; rank 1: no drafter",
-            "uniform": f"both: {fast}",
-            "max_num_seqs": args.max_num_seqs,
+            "engines_by_rank": {s: engines_of(args, s) for s in args.settings},
+            "max_ongoing_requests": args.max_num_seqs,
             "load_x_capacity": args.load,
             "window_s": args.window_s,
             "warmup_s": args.warmup_s,

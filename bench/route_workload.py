@@ -171,11 +171,45 @@ def mean_points(repeats: Sequence[Sequence[dict]]) -> list[dict]:
     return out
 
 
-def kinds_problem(setting: str, kinds: Sequence[str]) -> str | None:
+SETTINGS = ("heterogeneous", "uniform", "drafter_vs_plain")
+
+
+def setting_engines(setting: str, drafter: dict, max_num_seqs: int, small_max_num_seqs: int) -> list[dict]:
+    """The engine options of each replica (by Serve rank) in `setting`; `drafter` is the speculation
+    every replica runs unless the setting says otherwise.
+      heterogeneous:    the same engine, rank 1 with fewer sequence slots (max_num_seqs): on a small CPU
+                        box a real difference in capacity (by the target's profiled cost table, 8
+                        requests of 8 tokens a step make ~1.8x the tokens per second of 2), which
+                        Serve's routers cannot see: they send each replica up to the deployment's one
+                        max_ongoing_requests, and the small one refuses what it has no slot for;
+      uniform:          the control, both as rank 0;
+      drafter_vs_plain: rank 1 without speculation (on this box the drafter gains little: tau ~2 at a
+                        step 1.78x a plain one, so the two replicas run at nearly the same speed)."""
+    big = {**drafter, "max_num_seqs": max_num_seqs}
+    if setting == "heterogeneous":
+        return [big, {**drafter, "max_num_seqs": small_max_num_seqs}]
+    if setting == "uniform":
+        return [big, dict(big)]
+    if setting == "drafter_vs_plain":
+        return [big, {"drafter": "none", "max_num_seqs": max_num_seqs}]
+    raise ValueError(f"unknown setting {setting!r}; known: {', '.join(SETTINGS)}")
+
+
+def engine_kind(speculates: bool, max_num_seqs: int) -> str:
+    """A replica's kind as the benchmark checks it: speculating or not, and its sequence slots."""
+    return f"{'drafter' if speculates else 'plain'} x{max_num_seqs}"
+
+
+def expected_kinds(engines: Sequence[dict]) -> list[str]:
+    """The kinds the replicas of these engine options report, sorted."""
+    return sorted(engine_kind(e.get("drafter", "none") != "none", e["max_num_seqs"]) for e in engines)
+
+
+def kinds_problem(setting: str, engines: Sequence[dict], kinds: Sequence[str]) -> str | None:
     """Why the replicas up are not the setting's mix, or None. During a rolling redeploy Serve can hand out
     ranks {0, 2}, and the replicas run rank 0's engine twice until Serve compacts the ranks and the moved
     replica rebuilds (deployments/replica_engine.py): a pool caught mid-way is not measured."""
-    expected = ["drafter", "plain"] if setting == "heterogeneous" else ["drafter", "drafter"]
+    expected = expected_kinds(engines)
     if sorted(kinds) != expected:
         return f"{setting} setting expects replicas {expected}, got {sorted(kinds)}"
     return None

@@ -10,6 +10,8 @@ from bench.route_workload import (
     Outcome,
     SlaTarget,
     arm_order,
+    engine_kind,
+    expected_kinds,
     goodput,
     goodput_interpolated,
     kinds_problem,
@@ -20,6 +22,7 @@ from bench.route_workload import (
     percentile,
     schedule,
     score,
+    setting_engines,
     spread,
 )
 
@@ -125,11 +128,27 @@ def test_repeats_are_averaged_per_load_point():
     ]
 
 
+DRAFTER = {"drafter": "dspark", "num_speculative_tokens": 7, "scheduler": "fixed"}
+
+
+def test_each_setting_gives_each_rank_its_engine():
+    big = {**DRAFTER, "max_num_seqs": 8}
+    assert setting_engines("heterogeneous", DRAFTER, 8, 2) == [big, {**DRAFTER, "max_num_seqs": 2}]
+    assert setting_engines("uniform", DRAFTER, 8, 2) == [big, big]
+    assert setting_engines("drafter_vs_plain", DRAFTER, 8, 2) == [big, {"drafter": "none", "max_num_seqs": 8}]
+    with pytest.raises(ValueError, match="unknown setting 'mixed'"):
+        setting_engines("mixed", DRAFTER, 8, 2)
+
+
 def test_a_setting_whose_replicas_are_not_its_mix_is_refused():
-    assert kinds_problem("heterogeneous", ["plain", "drafter"]) is None
-    assert kinds_problem("uniform", ["drafter", "drafter"]) is None
-    assert "got ['drafter', 'drafter']" in kinds_problem("heterogeneous", ["drafter", "drafter"])
-    assert kinds_problem("uniform", ["drafter", "plain"]) is not None
+    mixed = setting_engines("heterogeneous", DRAFTER, 8, 2)
+    assert expected_kinds(mixed) == ["drafter x2", "drafter x8"]
+    assert kinds_problem("heterogeneous", mixed, [engine_kind(True, 2), engine_kind(True, 8)]) is None
+    # A pool caught mid-redeploy runs rank 0's engine twice.
+    assert "got ['drafter x8', 'drafter x8']" in kinds_problem("heterogeneous", mixed, ["drafter x8"] * 2)
+    plain = setting_engines("drafter_vs_plain", DRAFTER, 8, 2)
+    assert kinds_problem("drafter_vs_plain", plain, ["plain x8", "drafter x8"]) is None
+    assert kinds_problem("uniform", setting_engines("uniform", DRAFTER, 8, 2), ["drafter x8", "plain x8"])
 
 
 def test_arms_take_turns_with_pow2_first_then_last():

@@ -56,6 +56,7 @@ sys.path.insert(0, str(REPO))  # run as a script from anywhere: deployments/ nee
 sys.path.insert(0, str(REPO / "sdk"))
 
 from bench import route_decision  # noqa: E402
+from bench.route_calibration import predicted_vs_realised, request_id, traced_requests  # noqa: E402
 from bench.route_workload import (  # noqa: E402
     SETTINGS,
     Arrival,
@@ -109,6 +110,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--length-sigma", type=float, default=0.6)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads per replica")
+    p.add_argument(
+        "--no-trace",
+        action="store_true",
+        help="no request traces: no predicted-vs-realised calibration (every arm traces alike otherwise)",
+    )
     p.add_argument("--quick", action="store_true", help="smoke run: 1 repeat, 2 load points, short windows")
     p.add_argument("--out", type=Path, default=RESULTS / "route.json")
     args = p.parse_args(argv)
@@ -131,7 +137,16 @@ def engines_of(args: argparse.Namespace, setting: str) -> list[dict]:
     return setting_engines(setting, drafter, args.max_num_seqs, args.small_max_num_seqs)
 
 
-def app_args(args: argparse.Namespace, setting: str, arm: str, targets: list[SlaTarget]) -> dict:
+def app_args(
+    args: argparse.Namespace, setting: str, arm: str, targets: list[SlaTarget], otlp: str | None = None
+) -> dict:
+    """The app config of one arm; with `otlp`, every process exports its request spans there (traces
+    only, every request, no step events), which is where the router's predictions are read from."""
+    telemetry = {
+        "otlp_endpoint": otlp,
+        "step_sample_rate": 0.0,
+        "env": {"OTEL_METRICS_EXPORTER": "none", "OTEL_BSP_SCHEDULE_DELAY": "1000"},
+    }
     return {
         "model": str((args.models / "target").resolve()),
         "num_replicas": 2,
@@ -159,6 +174,7 @@ def app_args(args: argparse.Namespace, setting: str, arm: str, targets: list[Sla
         },
         "default_sla_class": "batch",
         "router_options": {"seed": args.seed},
+        **({"telemetry": telemetry} if otlp else {}),
     }
 
 
@@ -241,7 +257,9 @@ def prompt_of(pool: list[int], arrival: Arrival, index: int) -> list[int]:
     return pool[start : start + arrival.prompt_tokens]
 
 
-async def one_request(client, pool: list[int], arrival: Arrival, index: int, timeout_s: float) -> Outcome:
+async def one_request(
+    client, pool: list[int], arrival: Arrival, index: int, timeout_s: float, rid: str | None = None
+) -> Outcome:
     from dspark_client import DSparkClientError, ResourceExhaustedError
 
     sent = time.perf_counter()
@@ -255,6 +273,7 @@ async def one_request(client, pool: list[int], arrival: Arrival, index: int, tim
             ignore_eos=True,
             sla_class=arrival.sla_class,
             timeout=timeout_s,
+            request_id=rid,
         )
         async with stream:
             async for delta in stream:
@@ -272,8 +291,11 @@ async def one_request(client, pool: list[int], arrival: Arrival, index: int, tim
     return Outcome(arrival, "ok", first - sent, tpot, tokens)
 
 
-async def open_loop(target: str, pool: list[int], arrivals: list[Arrival], timeout_s: float) -> list[Outcome]:
-    """Each request starts at its arrival time, whatever is still running (open loop)."""
+async def open_loop(
+    target: str, pool: list[int], arrivals: list[Arrival], timeout_s: float, tag: str | None = None
+) -> list[Outcome]:
+    """Each request starts at its arrival time, whatever is still running (open loop); with `tag`, the
+    i-th goes with request id request_id(tag, i), by which its trace is found."""
     from dspark_client import NO_RETRY, AsyncClient
 
     async with AsyncClient(target, application=APP, retry=NO_RETRY) as client:
@@ -281,7 +303,8 @@ async def open_loop(target: str, pool: list[int], arrivals: list[Arrival], timeo
 
         async def at(index: int, arrival: Arrival) -> Outcome:
             await asyncio.sleep(max(0.0, start + arrival.at_s - time.perf_counter()))
-            return await one_request(client, pool, arrival, index, timeout_s)
+            rid = request_id(tag, index) if tag is not None else None
+            return await one_request(client, pool, arrival, index, timeout_s, rid)
 
         return list(await asyncio.gather(*(at(i, a) for i, a in enumerate(arrivals))))
 
@@ -313,12 +336,27 @@ async def closed_loop(
 # ---- the run --------------------------------------------------------------------------------------
 
 
-def run_setting(args, setting: str, target: str, pool: list[int], targets: list[SlaTarget], log) -> dict:
+def traces_of(receiver, sent: list[tuple[str, Outcome]], bound_s: float = 15.0) -> dict:
+    """The traces of the completed requests in `sent`, once all have arrived or `bound_s` passed
+    (the processes export spans in batches, every second)."""
+    wanted = {rid for rid, o in sent if o.status == "ok"}
+    deadline = time.monotonic() + bound_s
+    while True:
+        traced = traced_requests(receiver.spans())
+        if wanted <= traced.keys() or time.monotonic() > deadline:
+            return traced
+        time.sleep(0.5)
+
+
+def run_setting(
+    args, setting: str, target: str, pool: list[int], targets: list[SlaTarget], log, receiver=None
+) -> dict:
     prompt = Lengths(args.prompt_median, args.length_sigma, 4, 4 * int(args.prompt_median))
     output = Lengths(args.output_median, args.length_sigma, 2, 4 * int(args.output_median))
     # Capacity, under Serve's default router (the arms' loads are fractions of it); the pow2 arm then
     # runs on this deployment (it reads no SLA targets, so measuring them later changes nothing there).
-    deploy(app_args(args, setting, "pow2", targets), setting)
+    otlp = receiver.endpoint if receiver is not None else None
+    deploy(app_args(args, setting, "pow2", targets, otlp), setting)
     calibration = schedule(1.0, 4000.0, targets, prompt, output, args.seed)  # only the requests count
     concurrency = sum(e["max_num_seqs"] for e in engines_of(args, setting))  # every replica's slots
     asyncio.run(closed_loop(target, pool, calibration, concurrency, 1.0))  # warm: first calls, tables
@@ -345,11 +383,13 @@ def run_setting(args, setting: str, target: str, pool: list[int], targets: list[
     warm = schedule(rates[0], args.warmup_s, targets, prompt, output, args.seed + 999)
     repeats: dict[str, list[list[dict]]] = {arm: [] for arm in args.arms}
     reports: dict[str, list[dict]] = {arm: [] for arm in args.arms}
+    sent: dict[str, list[tuple[str, Outcome]]] = {arm: [] for arm in args.arms}  # (request id, outcome)
+    kinds: dict[str, str] = {}  # replica id -> kind, over every arm's replicas
     deployed = "pow2"
     for r in range(args.repeats):
         for arm in arm_order(args.arms, r):
             if arm != deployed:
-                deploy(app_args(args, setting, arm, targets), setting)
+                deploy(app_args(args, setting, arm, targets, otlp), setting)
                 deployed = arm
                 # Fresh replicas: warm them as the calibration warmed pow2's (first calls at full batch).
                 asyncio.run(closed_loop(target, pool, calibration, concurrency, 1.0))
@@ -357,13 +397,19 @@ def run_setting(args, setting: str, target: str, pool: list[int], targets: list[
             before = replica_stats()
             points = []
             for k, rate in enumerate(rates):
-                outcomes = asyncio.run(open_loop(target, pool, arrivals_at[k], timeout_s=60.0))
+                tag = f"{setting}.{arm}.r{r}.p{k}"
+                outcomes = asyncio.run(
+                    open_loop(target, pool, arrivals_at[k], 60.0, tag if receiver is not None else None)
+                )
+                sent[arm].extend((request_id(tag, i), o) for i, o in enumerate(outcomes))
                 points.append(
                     {"rate_rps": rate, "load": args.load[k], **score(outcomes, targets, args.window_s)}
                 )
                 log(f"{setting} repeat {r} {arm} rate {rate}: {points[-1]}")
             repeats[arm].append(points)
             reports[arm].append(replica_report(before, replica_stats()))
+            kinds.update({rid: report["kind"] for rid, report in reports[arm][-1].items()})
+    traced = traces_of(receiver, [x for arm in args.arms for x in sent[arm]]) if receiver else None
     for arm in args.arms:
         points = mean_points(repeats[arm])
         result["arms"][arm] = {
@@ -374,6 +420,11 @@ def run_setting(args, setting: str, target: str, pool: list[int], targets: list[
             "goodput_rps_interpolated_by_repeat": [goodput_interpolated(p) for p in repeats[arm]],
             "noise_band_met_rps": noise_band(repeats[arm]),
             "replicas_by_repeat": reports[arm],
+            # Per replica over every repeat and load point: predicted (at decision time, SLA router
+            # only) against realised (the client's) TTFT and TPOT, the median of their ratio.
+            "predicted_vs_realised": None
+            if traced is None
+            else predicted_vs_realised(sent[arm], traced, kinds),
         }
     return result
 
@@ -469,12 +520,19 @@ def main(argv: list[str] | None = None) -> int:
         replicas=(1, 8, 32, 128), decisions=300 if args.quick else 2000, seed=args.seed
     )
     log(f"decision p99 at 32 replicas: {decision['p99_ms_32_replicas']} ms")
+    receiver = None
+    if not args.no_trace:
+        from dspark.telemetry.receiver import OTLPReceiver
+
+        receiver = OTLPReceiver()  # the request spans of every process: the router's predictions
     target = start_ray()
     settings: dict = {}
     try:
         for setting in args.settings:
-            settings[setting] = run_setting(args, setting, target, pool, targets, log)
+            settings[setting] = run_setting(args, setting, target, pool, targets, log, receiver)
     finally:
+        if receiver is not None:
+            receiver.close()
         import ray
         from ray import serve
 
@@ -491,6 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {
             "replicas": 2,
             "streams": "multiplexed over the socket transport, every arm",
+            "traced": "every request, every arm (spans to an OTLP receiver here)" if receiver else "no",
             "engines_by_rank": {s: engines_of(args, s) for s in args.settings},
             "max_ongoing_requests": args.max_num_seqs,
             "load_x_capacity": args.load,

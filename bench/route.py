@@ -32,6 +32,11 @@ setting replays the same schedules (the seed fixes them).
     python bench/route.py --models models            # the full run: ~23 minutes on an idle 2-core box
     python bench/route.py --models models --quick    # a smoke run: 1 repeat, 2 short load points
 
+Every request is traced (unless --no-trace): every process exports its spans to an OTLP receiver in
+this process, in every arm alike. The SLA router's decision event holds its predicted TTFT and TPOT for
+each replica; per arm and replica, `predicted_vs_realised` sets them against what the client measured
+(bench/route_calibration.py: the median of predicted / realised).
+
 Writes bench/results/route.json (settings, per-arm points, summary with the goodput ratios against
 pow2 and the router's decision p99 at 32 replicas from bench/route_decision.py) and route.png
 (attainment against load, one line per arm, one panel per setting).

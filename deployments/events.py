@@ -22,6 +22,8 @@ import msgpack
 from dspark.outputs import RequestOutput, SpeculationStats
 
 _SPECULATION_FIELDS = tuple(f.name for f in fields(SpeculationStats))
+# StreamEvent.timing's stamps, in order (the OpenAI last chunk's `dspark.timing` names them so).
+TIMING = ("received", "admitted", "scheduled", "first_token")
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,11 @@ class StreamEvent:
     # On the last event of a traced request: the replica span's speculation attributes (dspark.*), which
     # the ingress copies onto its own span.
     span_attributes: Mapping | None = None
+    # On the last event of a target replica's request: when it reached the replica, when the engine
+    # admitted it, ran its first prompt chunk and produced its first token (time.monotonic() of the
+    # replica's host, TIMING's order): the engine's part of the time to first token, per request, at
+    # the cost of one tuple per request (TPOT needs nothing: every token's event already carries it).
+    timing: tuple[float, ...] | None = None
 
     @staticmethod
     def of(out: RequestOutput) -> StreamEvent:
@@ -93,6 +100,7 @@ class StreamEvent:
             spec,
             self.cached_tokens,
             attrs,
+            self.timing,
         )
 
     def usage(self) -> dict:
@@ -114,10 +122,13 @@ def received(item: StreamEvent | bytes) -> StreamEvent:
 
 
 def _from_wire(
-    rid, text, token_ids, finished, reason, prompt, completion, spec, cached, attrs
+    rid, text, token_ids, finished, reason, prompt, completion, spec, cached, attrs, timing=None
 ) -> StreamEvent:
     spec = SpeculationStats(*spec[:-1], tuple(spec[-1]))  # accepted_by_position: a tuple, as built
-    return StreamEvent(rid, text, token_ids, finished, reason, prompt, completion, spec, cached, attrs)
+    timing = None if timing is None else tuple(timing)
+    return StreamEvent(
+        rid, text, token_ids, finished, reason, prompt, completion, spec, cached, attrs, timing
+    )
 
 
 def coalesce(

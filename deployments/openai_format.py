@@ -1,7 +1,10 @@
 """OpenAI response bodies and SSE chunks, built from replica events (pure; no Ray, no I/O).
 
 Each final body and last chunk also carries `dspark`: the request's speculation stats, which the
-official client keeps as an extra field.
+official client keeps as an extra field, and from a target replica `timing`: when the request reached the
+replica, when the engine admitted it, ran its first prompt chunk and produced its first token, in
+time.monotonic() seconds of the replica's host (differences are durations anywhere; a client on the
+same host can set them beside its own clock, e.g. bench/ttft_split.py).
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from deployments.events import StreamEvent
+from deployments.events import TIMING, StreamEvent
 
 
 def sse(data: dict | str) -> bytes:
@@ -21,7 +24,10 @@ SSE_DONE = sse("[DONE]")
 
 
 def _extras(last: StreamEvent) -> dict:
-    return {"dspark": {"speculation": last.speculation.to_dict()}}
+    extras = {"speculation": last.speculation.to_dict()}
+    if last.timing is not None:  # a target replica's: when the engine took the request and answered it
+        extras["timing"] = dict(zip(TIMING, last.timing))
+    return {"dspark": extras}
 
 
 def completion_body(rid: str, model: str, created: int, text: str, last: StreamEvent) -> dict:

@@ -158,6 +158,7 @@ class TargetReplica:
         """
         if self._rebuilding is not None:
             raise AdmissionError(self._rebuilding, retry_after_s=max(1.0, self._built.build_s))
+        received = time.monotonic()  # the last event's `timing` starts here
         self._ensure_keepalive()
         engine_id = running.engine_request_id(request_id, route.key if route is not None else None)
         trace = self._telemetry.start(engine_id, request_id, operation, params, trace_context)
@@ -172,7 +173,13 @@ class TargetReplica:
                 return item
             event = StreamEvent.of(item)
             if item.finished:
-                event = replace(event, span_attributes=trace.finished(item))
+                m = item.metrics
+                timing = (
+                    None
+                    if m is None
+                    else (received, m.arrival_time, m.first_scheduled_time, m.first_token_time)
+                )
+                event = replace(event, span_attributes=trace.finished(item), timing=timing)
             return event
 
         interval = self.config.stream_interval

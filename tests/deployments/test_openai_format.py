@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -37,3 +38,25 @@ def test_text_chunks_equal_the_general_chunks(chat, rid):
     choice = parsed["choices"][0]
     assert (choice["delta"]["content"] if chat else choice["text"]) == "é\n"
     assert parsed["id"] == rid and choice["finish_reason"] is None
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_the_last_chunk_names_the_replicas_timing(chat):
+    """A target replica's last event carries its timing: the last chunk and body name each stamp (the
+    official client keeps them under model_extra["dspark"]); a stream without it (SGLang's) has none."""
+    stamps = (10.0, 10.25, 10.5, 11.0)
+    last = replace(event("", finished=True), timing=stamps)
+
+    def chunk(e: StreamEvent) -> dict:
+        if chat:
+            return fmt.chat_chunk("r", "target", 0, e, first=False)
+        return fmt.completion_chunk("r", "target", 0, e)
+
+    named = dict(zip(("received", "admitted", "scheduled", "first_token"), stamps))
+    assert chunk(last)["dspark"]["timing"] == named
+    body = fmt.chat_body if chat else fmt.completion_body
+    assert body("r", "target", 0, "", last)["dspark"]["timing"] == named
+    assert "timing" not in chunk(event("", finished=True))["dspark"]
+    assert "dspark" not in chunk(replace(event("a"), timing=stamps))
+    parsed = json.loads(fmt.TextChunks("r", "target", 0, chat)(last).removeprefix(b"data: "))
+    assert parsed["dspark"]["timing"] == named

@@ -348,6 +348,8 @@ def test_an_event_travels_as_bytes_and_arrives_equal():
     attrs = {"dspark.tau": 3.0, "dspark.accepted_by_position": [4, 3, 1], "dspark.drafter": "ngram"}
     events = [
         StreamEvent("r.k", "é \ud800", (7, 8), True, "stop", 5, 9, spec, 2, attrs),
+        StreamEvent("r.k", "b", (9,), True, "length", 5, 9, spec, 0, None, (1.5, 1.75, 2.0, 2.5)),
+        StreamEvent("r.k", "", (), True, "abort", 5, 0, spec, 0, None, (1.5, 1.75, None, None)),
         _event(0, "a"),
         _event(1, "").aborted(),
     ]
@@ -358,6 +360,23 @@ def test_an_event_travels_as_bytes_and_arrives_equal():
         assert back == event and type(back.token_ids) is tuple
         assert type(back.speculation.accepted_by_position) is tuple
         assert received(event) is event
+
+
+def test_the_last_event_says_when_the_engine_took_the_request_and_answered(replica):
+    """The engine's part of a request's time to first token travels on its last event only: when it
+    reached the replica, was admitted, ran its first prompt chunk and got its first token, in order, on
+    this host's monotonic clock (bench/ttft_split.py splits the client's TTFT with it)."""
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+
+    async def run():
+        before = time.monotonic()
+        events = [e async for e in decoded(replica.generate(prompt_ids(replica), params, "r1"))]
+        return before, events, time.monotonic()
+
+    before, events, after = asyncio.run(run())
+    assert [e.timing is None for e in events] == [True] * (len(events) - 1) + [False]
+    received, admitted, scheduled, first_token = events[-1].timing
+    assert before <= received <= admitted <= scheduled <= first_token <= after
 
 
 def test_routing_stats_name_the_cached_prompt_pages(replica):

@@ -40,6 +40,7 @@ def host_block(serving: dict, cores: int = 2, replicas: int = 2) -> dict:
         "replica_cpu_s_per_token": round(max(0.0, tok["replica_other"]), 6),
         "path_processes": len(PATH_GROUPS) + 1,  # and the replicas' serving threads, counted as one group
         "window_s": 1.0,
+        "path_stretches": True,  # the path's CPU stretches with the host's (sim/host.py path_latency)
     }
 
 

@@ -8,7 +8,9 @@ max_num_seqs); with none, it waits in the router's queue and is routed again whe
 Serve backs off and retries. The engine may still refuse it (KV exhausted): a 429 to the client.
 Failures kill a replica's requests and bring a fresh replica (new id, no stats yet) after a downtime.
 Replicas of a profile with a host block are placed `host.replicas` to a host, whose cores they share with
-the serving path (sim/host.py); a replacement takes its predecessor's place.
+the serving path (sim/host.py); a replacement takes its predecessor's place. There the serving path's
+latency before the router sees a request stretches with the host's contention (sim/host.py); each request
+records when its replica took it and ran its first prompt chunk (TTFT in parts: Request.ttft_parts).
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ class Cluster:
         self._by_id: dict[str, SimReplica] = {}
         self._group_of: dict[str, Group] = {}
         self._host_of: dict[str, Host] = {}
+        self._path_host: Host | None = None  # where the serving path runs: the fleet's first host
         for g, group in enumerate(config.fleet):
             cost, host = group.profile.host, None
             for i in range(group.count):
@@ -99,6 +102,7 @@ class Cluster:
                 if cost is not None:
                     host = Host(cost) if i % cost.replicas == 0 else host
                     self._host_of[replica.replica_id] = host
+                    self._path_host = self._path_host or host
         self._visible: dict[str, dict] = {}
         self._recent: dict[str, RecentRounds] = {}
         self._epoch: dict[str, int] = {}
@@ -143,7 +147,10 @@ class Cluster:
         # The serving path (proxy, ingress) before the router sees a request: the fleet's first profile's.
         path = self.config.fleet[0].profile.request_path_s if self.config.fleet else 0.0
         for req in self.requests:
-            self.q.at(req.arrival + path, self._route, req)
+            if self._path_host is None:  # its own CPUs: the path takes its measured time
+                self.q.at(req.arrival + path, self._route, req)
+            else:  # on a host: as long as the host's contention makes it when the request arrives
+                self.q.at(req.arrival, self._arrive, req, path)
         for replica in self.replicas:
             self._start_publishing(replica)
         for f in self.config.failures:
@@ -157,6 +164,10 @@ class Cluster:
         # Kept, not rebuilt per request: at 1,000 replicas a per-request scan of the fleet cost more
         # than the decision itself. The arms only read it.
         return self.replicas
+
+    def _arrive(self, req: Request, path: float) -> None:
+        assert self._path_host is not None
+        self.q.after(self._path_host.path_latency(self.q.now, path), self._route, req)
 
     def _route(self, req: Request) -> None:
         if req.outcome != "pending":
@@ -174,6 +185,7 @@ class Cluster:
                 req.outcome, req.finish = "refused", self.q.now
                 return
             self.free_slots -= 1
+            req.admitted = self.q.now
             host = self._host_of.get(replica_id)
             if host is not None:
                 host.serve(self.q.now, requests=1)
@@ -200,6 +212,9 @@ class Cluster:
             replica.stepping = False
             return
         replica.stepping = True
+        for s, _ in plan.chunks:
+            if s.req.scheduled is None:  # its first prompt chunk
+                s.req.scheduled = self.q.now
         host = self._host_of.get(replica.replica_id)
         if host is not None:
             host.stepping += 1

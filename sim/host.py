@@ -19,6 +19,15 @@ CPU plus its wait for a CPU (engine_run_delay_s, about 40% of the wall at about 
 nothing else (engine_blocked_s, off a CPU without waiting for one, i.e. the interpreter lock, is within
 +-0.07 s of 0 out of 5-14 s), while those threads used 0.3-1.2 s of CPU.
 
+The serving path's latency stretches too: it is mostly CPU (its measured CPU per request is about its
+whole latency at idle), and since the serving threads run SCHED_BATCH (deployments/thread_policy.py) a hop
+that wakes while the engines step waits for a core like any CPU-bound thread. So the CPU part of the
+path's idle latency (its measured CPU per request, at most that latency) runs at the stretch of CPU work
+on the host when the request arrives: the engines' own stretch with those stepping then (at least one
+runnable: the hop itself), and the rest of it (waits that are not CPU) as measured (`path_latency`).
+The path's work is placed on the fleet's first host (the measured layout: proxy and ingress beside the
+engines of the one host).
+
 The stretch is fixed when a step starts (a fluid approximation: a step that starts alone keeps its speed
 when another starts during it). GPU profiles have no host block: there the step runs on the accelerator
 and the serving path on the node's CPUs (the profile states it).
@@ -43,6 +52,12 @@ class HostCost:
     replica_cpu_s_per_token: float = 0.0  # (part of the serving path's load, beside the above)
     path_processes: int = 1  # processes (or groups of threads) the serving path's load is spread over
     window_s: float = 1.0  # how far back the serving path's load is averaged
+    path_stretches: bool = True  # the path's CPU stretches with the host's (False: its idle latency)
+
+    @property
+    def path_cpu_s(self) -> float:
+        """The serving path's CPU per request (all its processes, the replica's serving threads too)."""
+        return self.cpu_s_per_request + self.replica_cpu_s_per_request
 
     @classmethod
     def from_json(cls, data: dict | None) -> HostCost | None:
@@ -81,6 +96,14 @@ class Host:
         """How much longer than alone a step starting now runs (with `stepping` counting it)."""
         return stretch(self.load(now), self.cost.cores, self.stepping, self.cost.path_processes)
 
+    def path_latency(self, now: float, idle_s: float) -> float:
+        """The serving path's latency for a request arriving now, `idle_s` at idle (path_latency)."""
+        if not self.cost.path_stretches:
+            return idle_s
+        c = self.cost
+        cpu_stretch = stretch(self.load(now), c.cores, max(1, self.stepping), c.path_processes)
+        return path_latency(idle_s, c.path_cpu_s, cpu_stretch)
+
 
 def stretch(load: float, cores: int, stepping: int, path_processes: int) -> float:
     """A step's wall over its time alone with `stepping` engines stepping (itself included) and the serving
@@ -89,3 +112,10 @@ def stretch(load: float, cores: int, stepping: int, path_processes: int) -> floa
     if load / path_processes <= equal:
         return max(1.0, stepping / (cores - load))
     return max(1.0, 1.0 / equal)
+
+
+def path_latency(idle_s: float, cpu_s: float, cpu_stretch: float) -> float:
+    """The serving path's latency when CPU work runs `cpu_stretch` times longer than alone: of its idle
+    latency `idle_s`, the CPU part (`cpu_s`, at most all of it) stretches and the rest does not."""
+    cpu = min(idle_s, cpu_s)
+    return idle_s - cpu + cpu * cpu_stretch

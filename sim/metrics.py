@@ -68,3 +68,23 @@ def halves(reqs: list[Request], classes: Mapping[str, Sla], warmup_s: float, dur
     middle = (warmup_s + duration_s) / 2
     first, second = [r for r in reqs if r.arrival < middle], [r for r in reqs if r.arrival >= middle]
     return [attained_share(first, classes), attained_share(second, classes)]
+
+
+PARTS = ("path_s", "queue_s", "prefill_s")  # Request.ttft_parts, named
+
+
+def ttft_split(requests: Iterable[Request], warmup_s: float, duration_s: float) -> dict:
+    """TTFT in its parts (Request.ttft_parts) over the finished requests that arrived in the scored
+    window and have them: mean, p50 and p99 of each part (percentiles of parts do not add up to TTFT's;
+    means do)."""
+    parts = [r.ttft_parts for r in requests if warmup_s <= r.arrival < duration_s and r.outcome == "done"]
+    parts = [p for p in parts if p is not None]
+    out: dict = {"requests": len(parts)}
+    for i, name in enumerate(PARTS):
+        values = [p[i] for p in parts]
+        out[name] = {
+            "mean": round(float(np.mean(values)), 6) if values else None,
+            "p50": _pct(values, 50),
+            "p99": _pct(values, 99),
+        }
+    return out

@@ -7,7 +7,8 @@ tokens over N decoding requests, n of them drafting, takes
       + (draft_s_per_step + n draft_s_per_request, when anything is drafted)
 
 seconds, times the replica's slow-down factor; a request reaches its replica `request_path_s` after it
-arrives. A profile with a `host` block also shares its host's cores with the serving path (sim/host.py).
+arrives. A profile with a `host` block also shares its host's cores with the serving path, whose
+latency then stretches with the host's contention (sim/host.py).
 SPS(B) is the engine's own cost table class
 (dspark.cost_table.CostTable: isotonic smoothing, linear interpolation) over the profile's points.
 Acceptance is per position: `acceptance[domain][j-1]` is the probability that drafted token j is

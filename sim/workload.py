@@ -80,10 +80,22 @@ class Request:
     finish: float | None = None
     generated: int = 0
     outcome: str = "pending"  # pending | done | shed | refused | failed
+    # Its time to first token in parts: the engine took it (`admitted`: routed to its replica; after
+    # the serving path and any wait in the router's queue) and ran its first prompt chunk (`scheduled`).
+    admitted: float | None = None
+    scheduled: float | None = None
 
     @property
     def ttft(self) -> float | None:
         return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def ttft_parts(self) -> tuple[float, float, float] | None:
+        """(serving path, engine queue, prefill) adding up to its TTFT: arrival to admitted, admitted to
+        its first prompt chunk, that chunk to the first token (None before its first token)."""
+        if self.first_token is None or self.admitted is None or self.scheduled is None:
+            return None
+        return self.admitted - self.arrival, self.scheduled - self.admitted, self.first_token - self.scheduled
 
     @property
     def tpot(self) -> float | None:

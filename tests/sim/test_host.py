@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sim.cluster import Cluster, ClusterConfig, Failure, Group
-from sim.host import Host, HostCost
+from sim.host import Host, HostCost, path_latency
 from sim.profiles import load
 from sim.workload import Request
 from tests.sim.test_simulator import CLASSES, simulate, small_profile
@@ -192,3 +192,45 @@ def test_the_measured_profiles_acceptance_is_bench_accepts_dspark_rows_at_t1():
     committed = json.loads((root / "sim" / "profiles" / "cpu_measured.json").read_text())
     assert acceptance_rows(accept) == committed["acceptance"]
     assert set(committed["acceptance"]) == {"code", "prose"}
+
+
+def test_the_paths_cpu_part_stretches_and_the_rest_does_not():
+    assert path_latency(0.02, 0.005, 2.0) == pytest.approx(0.025, rel=1e-12)  # 15 ms waits, 5 ms CPU
+    assert path_latency(0.02, 0.03, 1.5) == pytest.approx(0.03, rel=1e-12)  # CPU beyond it: all of it
+    assert path_latency(0.02, 0.005, 1.0) == 0.02
+
+
+def test_the_path_runs_at_the_engines_stretch_when_it_arrives():
+    """No engine stepping (or one, with a core to spare): the idle latency. Both engines of a 2-core host
+    stepping beside 0.5 cores of serving load: its CPU at their stretch, 2 / (2 - 0.5)."""
+    cost = HostCost(
+        cores=2, replicas=2, idle_cores=0.5, cpu_s_per_request=0.008, replica_cpu_s_per_request=0.002
+    )
+    host = Host(cost)
+    assert host.path_latency(0.0, 0.02) == 0.02
+    host.stepping = 1
+    assert host.path_latency(0.0, 0.02) == 0.02
+    host.stepping = 2
+    assert host.path_latency(0.0, 0.02) == pytest.approx(0.01 + 0.01 * 2 / 1.5, rel=1e-12)
+    assert host.path_latency(0.0, 0.02) == pytest.approx(host.stretch(0.0) * 0.01 + 0.01, rel=1e-12)
+    assert Host(dataclasses.replace(cost, path_stretches=False)).path_latency(0.0, 0.02) == 0.02
+
+
+def test_on_a_busy_host_the_path_stretches_and_ttft_adds_up_from_its_parts():
+    """Every finished request's TTFT is its path, its queue and its prefill, none negative; the path is
+    never below its idle latency and, with the engines stepping, above it for some requests."""
+    cost = HostCost(cores=2, replicas=3, idle_cores=0.2, cpu_s_per_request=0.01, cpu_s_per_token=0.001)
+    profile = small_profile(host=cost, request_path_s=0.015)
+    _, requests = simulate("sla", seed=5, profile=profile)
+    done = [r for r in requests if r.outcome == "done"]
+    parts = [r.ttft_parts for r in done]
+    assert done and all(p is not None and min(p) >= 0 for p in parts)
+    assert all(sum(p) == pytest.approx(r.ttft, abs=1e-9) for p, r in zip(parts, done))
+    paths = [p[0] for p in parts]
+    assert min(paths) >= 0.015 - 1e-12 and max(paths) > 0.015 * 1.2
+    _, flat = simulate(
+        "sla",
+        seed=5,
+        profile=small_profile(host=dataclasses.replace(cost, path_stretches=False), request_path_s=0.015),
+    )
+    assert {round(r.ttft_parts[0], 9) for r in flat if r.outcome == "done"} == {0.015}

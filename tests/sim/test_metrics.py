@@ -1,7 +1,7 @@
 """sim/metrics.py on hand-built requests: attainment overall and by half of the scored window."""
 
 from router.policy import Sla
-from sim.metrics import summarize
+from sim.metrics import summarize, ttft_split
 from sim.workload import Request
 
 CLASSES = {"interactive": Sla("interactive", 1.0, 0.025, 0, True)}
@@ -39,3 +39,18 @@ def test_attainment_by_half_shows_a_queue_that_grows():
 def test_an_empty_half_has_no_attainment():
     out = summarize([request(1, 2.5, 0.1, 0.02)], CLASSES, warmup_s=2.0, duration_s=10.0)
     assert out["attainment_halves"] == [1.0, None]
+
+
+def test_ttft_split_summarises_each_part_of_the_scored_finished_requests():
+    reqs = [request(i, 2.0 + i, 0.1 * (i + 1), 0.02) for i in range(4)]
+    for i, r in enumerate(reqs):  # path 10 ms + i ms, queue i x 10 ms, prefill the rest
+        r.admitted = r.arrival + 0.01 + 0.001 * i
+        r.scheduled = r.admitted + 0.01 * i
+    reqs.append(request(9, 1.0, 0.1, 0.02))  # warm-up: not scored
+    reqs[-1].admitted, reqs[-1].scheduled = 1.05, 1.06
+    reqs.append(request(10, 3.5, 0.1, 0.02))  # no parts (a real request without timing): left out
+    split = ttft_split(reqs, 2.0, 10.0)
+    assert split["requests"] == 4
+    assert split["path_s"]["mean"] == 0.0115 and split["queue_s"]["mean"] == 0.015
+    assert split["prefill_s"]["p50"] == 0.2235 and split["queue_s"]["p99"] == 0.0297
+    assert ttft_split([], 2.0, 10.0)["path_s"] == {"mean": None, "p50": None, "p99": None}

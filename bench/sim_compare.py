@@ -141,7 +141,38 @@ def validation_lines(validation: dict) -> list[str]:
     if validation.get("timeline"):  # the sitting, in order: what ran when
         parts = [f"{p['part']} {p['started']} ({p['minutes']} min)" for p in validation["timeline"]]
         lines.append("Sitting: " + "; ".join(parts) + "\n")
-    return lines + step_lines(validation)
+    return lines + split_lines(validation) + step_lines(validation)
+
+
+SPLIT_PARTS = (("path_s", "serving path"), ("queue_s", "engine queue"), ("prefill_s", "prefill"))
+
+
+def split_lines(validation: dict) -> list[str]:
+    """TTFT in parts (bench/ttft_split.py), in ms: each real run's (from its replicas' per-request
+    timing) and each simulated variant's, mean / p50 / p99 of each part, when recorded."""
+    split = validation.get("ttft_split")
+    if not split:
+        return []
+    rows = [(f"real run {i + 1}", run) for i, run in enumerate(split.get("real_runs") or [])]
+    rows += [(label, parts) for label, parts in split.items() if label != "real_runs"]
+    header = ["", "requests", *(f"{title} mean / p50 / p99" for _, title in SPLIT_PARTS)]
+    lines = [
+        "TTFT in parts, ms (serving path both ways, engine queue, prefill; real: the replicas' timing):\n",
+        "| " + " | ".join(header) + " |",
+        "|---|" + "---:|" * (len(header) - 1),
+    ]
+    for label, parts in rows:
+        cells = [label, str(parts["requests"])]
+        for key, _ in SPLIT_PARTS:
+            cells.append(" / ".join(_ms(parts[key][q]) for q in ("mean", "p50", "p99")))
+        lines.append("| " + " | ".join(cells) + " |")
+    if not split.get("real_runs"):
+        lines.append("\n(No per-request timing from the real runs: measured before the replicas sent it.)")
+    return lines + [""]
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.1f}"
 
 
 def step_lines(validation: dict) -> list[str]:

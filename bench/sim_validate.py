@@ -49,9 +49,10 @@ sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
 from bench.sim import markdown as sim_markdown  # noqa: E402
 from bench.sim_compare import METRICS, compare  # noqa: E402
+from bench.ttft_split import place  # noqa: E402
 from sim import step_fit  # noqa: E402
 from sim.cluster import Cluster, ClusterConfig, Group  # noqa: E402
-from sim.metrics import summarize  # noqa: E402
+from sim.metrics import summarize, ttft_split  # noqa: E402
 from sim.profiles import PROFILE_DIR, Profile, from_dict, load  # noqa: E402
 from sim.scenario import CLASSES  # noqa: E402
 from sim.workload import Request, Workload, generate  # noqa: E402
@@ -121,8 +122,9 @@ def validate(
         if earlier.get("path") and (REPO / earlier["path"]).is_file():
             profile, recorded = load(REPO / earlier["path"]), earlier
         timeline = real_from.get("timeline", [])
+        real_splits = (real_from.get("ttft_split") or {}).get("real_runs", [])
     else:
-        real_runs, counters = [], []
+        real_runs, counters, real_splits = [], [], []
         for run in range(2):
             if run == 1 and between is not None:
                 started = time.time()
@@ -132,6 +134,7 @@ def validate(
             real, steps = _run_real(target, trace, prompts, engine)
             timeline.append(_span(f"real run {run + 1}", started))
             real_runs.append(summarize(real, classes, warmup, duration))
+            real_splits.append(ttft_split(real, warmup, duration))
             counters.append(steps)
         table = _engine_table()
     out = {
@@ -147,15 +150,27 @@ def validate(
         # Each real run's engine counters, with the profile's model of the same steps (a check of it).
         "real_engine_steps": [engine_steps(c, table, profile) if c else None for c in counters],
     }
-    # The model as it stands (the engines share the host with the serving path: sim/host.py), and the
-    # engine alone on its core (no host block), both against the same real figures.
-    sims = {}
-    for label, host in (("sim", True), ("sim_engine_alone", False)):
+    # The model as it stands (the engines share the host with the serving path, whose latency stretches
+    # with the host's contention: sim/host.py), the same with the path at its idle latency, and the
+    # engine alone on its core (no host block), all against the same real figures.
+    sims, splits = {}, {"real_runs": real_splits}
+    for label, host in SIM_VARIANTS.items():
+        if profile.host is None and host != "none":
+            continue  # a profile without a host block has one variant
         requests, replicas = _run_sim(trace, table, profile, host)
         sims[label] = summarize(requests, classes, warmup, duration)
+        splits[label] = ttft_split(requests, warmup, duration)
         if label == "sim":
             out["sim_engine_steps"] = sim_steps(replicas, table, profile)
+    # TTFT in parts (serving path, engine queue, prefill; bench/ttft_split.py), each real run's from its
+    # replicas' per-request timing and each variant's from its requests.
+    out["ttft_split"] = splits
     return {**out, **compare(real_runs, sims)}
+
+
+# Simulated variants: label -> the host model ("path": the path stretches; "idle_path": the path at its
+# idle latency, the engines still sharing the host; "none": no host block, each engine on its own core).
+SIM_VARIANTS = {"sim": "path", "sim_path_at_idle": "idle_path", "sim_engine_alone": "none"}
 
 
 def _span(what: str, started: float) -> dict:
@@ -295,6 +310,7 @@ async def _drive(client, model: str, requests: list[Request], prompts: list[str]
 
     async def one(req: Request, prompt: str) -> None:
         await asyncio.sleep(max(0.0, req.arrival - (time.perf_counter() - t0)))
+        timing = None
         try:
             stream = await client.completions.create(
                 model=model,
@@ -310,9 +326,12 @@ async def _drive(client, model: str, requests: list[Request], prompts: list[str]
                 now = time.perf_counter() - t0
                 if req.first_token is None and chunk.choices and chunk.choices[0].text:
                     req.first_token = now
+                if chunk.choices and chunk.choices[0].finish_reason is not None:
+                    timing = (chunk.model_extra or {}).get("dspark", {}).get("timing")
                 if chunk.usage is not None:
                     req.generated = chunk.usage.completion_tokens
             req.finish, req.outcome = time.perf_counter() - t0, "done"
+            place(req, timing)  # TTFT in parts: the replica's engine spans
         except openai.RateLimitError:
             req.outcome, req.finish = "shed", time.perf_counter() - t0
 
@@ -342,11 +361,13 @@ def _engine_table(path: str | None = None) -> dict | None:
 
 
 def _run_sim(
-    trace: list[Request], table: dict | None, profile: Profile, host: bool = True
+    trace: list[Request], table: dict | None, profile: Profile, host: str = "path"
 ) -> tuple[list[Request], list]:
-    profile = dataclasses.replace(
-        profile, max_num_seqs=ENGINE["max_num_seqs"], host=profile.host if host else None, cache={}
-    )
+    """The trace on two simulated replicas; `host`: a SIM_VARIANTS host model."""
+    cost = profile.host
+    if cost is not None and host != "path":
+        cost = None if host == "none" else dataclasses.replace(cost, path_stretches=False)
+    profile = dataclasses.replace(profile, max_num_seqs=ENGINE["max_num_seqs"], host=cost, cache={})
     if table is not None:
         profile = dataclasses.replace(
             profile,
@@ -356,7 +377,16 @@ def _run_sim(
             cache={},
         )
     requests = [
-        dataclasses.replace(r, replica=None, first_token=None, finish=None, generated=0, outcome="pending")
+        dataclasses.replace(
+            r,
+            replica=None,
+            first_token=None,
+            finish=None,
+            generated=0,
+            outcome="pending",
+            admitted=None,
+            scheduled=None,
+        )
         for r in trace
     ]
     config = ClusterConfig(

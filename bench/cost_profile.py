@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from sim import step_fit
-from sim.host import stretch
+from sim.host import path_latency, stretch
 from sim.profiles import from_dict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -117,12 +117,17 @@ def _path_source(serve: dict) -> str:
 
 
 def _own_path_source(path: dict, command: str) -> str:
+    engine = (
+        f"the engine's part per request {path['engine_s'] * 1e3:.1f} ms (received at the replica to its "
+        "first token, from each request's timing: bench/ttft_split.py)"
+        if "engine_s" in path
+        else f"the engines' mean step wall per request {path['engine_step_s'] * 1e3:.1f} ms"
+    )
     return (
         f"{PATH_SOURCE} serving_cost's path run ({command}; the validation's stack, two replicas, one "
         f"ingress, OpenAI HTTP streaming; {path['requests']} requests sent one at a time for one token "
         f"each, {path['engine_steps']} engine steps): mean TTFT at the client {path['ttft_s'] * 1e3:.1f} ms "
-        f"less the engines' mean step wall per request {path['engine_step_s'] * 1e3:.1f} ms; "
-        f"request_path_s is that difference, {_NOT_DELAYING}"
+        f"less {engine}; request_path_s is that difference, {_NOT_DELAYING}"
     )
 
 
@@ -190,13 +195,19 @@ def _fit_drafter(out: dict, serving: dict, command: str) -> dict[str, str]:
     }
 
 
-def host_check(serving: dict, host: dict) -> dict[str, dict]:
+def host_check(serving: dict, host: dict, request_path_s: float | None = None) -> dict[str, dict]:
     """The host model (sim/host.py) against the engine sweep's runs: each run's measured stretch (the
     engines' step wall over their CPU) beside the model's at the run's own measured serving load (the
     stack's busy cores less the engines'), and the same with the other work on the machine added to that
     load. A step finds the other engine stepping for the share of the run the engines stepped (taken as
     independent): the model's stretch is the mix of one and two engines stepping in that proportion. Runs
-    recorded without their wall time (before it was recorded) are left out. Two engines per host."""
+    recorded without their wall time (before it was recorded) are left out. Two engines per host.
+
+    With the runs' TTFT in parts (serving_cost's ttft_split) and the idle path (`request_path_s`), the
+    serving path's mean latency in each run beside sim/host.py's path_latency of it: at the host model's
+    path stretch (the engines' own when both step, for the share of arrivals that find both stepping,
+    taken as engines_stepping squared; none otherwise) and at the run's measured step stretch (the
+    premise alone: the path's CPU stretches as the engines' does)."""
     out = {}
     for label in serving.get("engine_sweep", []):
         run = serving["engine_steps"][label]
@@ -219,6 +230,20 @@ def host_check(serving: dict, host: dict) -> dict[str, dict]:
             "other_work_cores": round(other, 3),
             "engines_stepping": round(share, 3),
         }
+        timed = (serving.get("ttft_split") or {}).get(label)
+        if request_path_s is not None and timed:
+            one, two = (stretch(load, host["cores"], n, host["path_processes"]) for n in (1, 2))
+            path_cpu = host["cpu_s_per_request"] + host["replica_cpu_s_per_request"]
+
+            def path_ms(cpu_stretch: float, path_cpu: float = path_cpu) -> float:
+                return round(path_latency(request_path_s, path_cpu, cpu_stretch) * 1e3, 2)
+
+            out[label].update(
+                path_ms=round(timed["path_s"] * 1e3, 2),
+                path_model_ms=path_ms(share**2 * two + (1 - share**2) * one),
+                path_at_measured_stretch_ms=path_ms(run["step_time_s"] / cpu),
+                path_idle_ms=round(request_path_s * 1e3, 2),
+            )
     return out
 
 

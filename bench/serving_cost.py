@@ -158,16 +158,20 @@ def _diff(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
 
 async def _drive(
     base_url: str, model: str, prompts: list[str], max_tokens: int, concurrency: int
-) -> tuple[int, list[float]]:
-    """Stream every prompt (ignore_eos: each runs to max_tokens); returns the tokens generated and each
-    request's time to its first token (from the moment it was sent)."""
+) -> tuple[int, list[float], list[tuple[float, float] | None]]:
+    """Stream every prompt (ignore_eos: each runs to max_tokens); returns the tokens generated, each
+    request's time to its first token (from the moment it was sent) and its engine spans (queue, prefill;
+    bench/ttft_split.py) from its replica's timing (None without one)."""
     import openai
+
+    from bench.ttft_split import engine_spans
 
     # A client per event loop: its connections belong to the loop that opened them.
     client = openai.AsyncOpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=600)
     gate = asyncio.Semaphore(concurrency)
 
-    async def one(prompt: str) -> tuple[int, float]:
+    async def one(prompt: str) -> tuple[int, float, tuple[float, float] | None]:
+        timing = None
         async with gate:
             sent = time.perf_counter()
             stream = await client.completions.create(
@@ -184,13 +188,16 @@ async def _drive(
             async for chunk in stream:
                 if ttft is None and chunk.choices and chunk.choices[0].text:
                     ttft = time.perf_counter() - sent
+                if chunk.choices and chunk.choices[0].finish_reason is not None:
+                    timing = (chunk.model_extra or {}).get("dspark", {}).get("timing")
                 if chunk.usage is not None:
                     tokens = chunk.usage.completion_tokens
-            return tokens, ttft if ttft is not None else time.perf_counter() - sent
+            ttft = ttft if ttft is not None else time.perf_counter() - sent
+            return tokens, ttft, engine_spans(timing)
 
     try:
         done = await asyncio.gather(*(one(p) for p in prompts))
-        return sum(t for t, _ in done), [ttft for _, ttft in done]
+        return sum(t for t, _, _ in done), [ttft for _, ttft, _ in done], [e for _, _, e in done]
     finally:
         await client.close()
 
@@ -281,11 +288,14 @@ def measure_serving(models: str, settings: Settings) -> dict:
             max_t: int, streams: int = concurrency, label: str = "", texts: list[str] = prompts
         ) -> tuple[dict, int, float, list[float]]:
             with StepWindow("servingcost") as window:
-                tokens, ttfts = asyncio.run(_drive(base_url, target.name, texts, max_t, streams))
+                tokens, ttfts, spans = asyncio.run(_drive(base_url, target.name, texts, max_t, streams))
             steps[label] = window.steps
+            if label:
+                split[label] = ttft_split(ttfts, spans)
             return window.spent, tokens, window.wall_s, ttfts
 
         steps: dict[str, dict] = {}
+        split: dict[str, dict | None] = {}
         run(2)  # warm every path (first-request imports, connections, the cost table)
         # One request at a time, one token each: the serving path's latency beside the engine's step.
         path_ttfts = run(1, 1, "path", (prompts * settings.path_requests)[: settings.path_requests])[3]
@@ -322,7 +332,9 @@ def measure_serving(models: str, settings: Settings) -> dict:
         "idle_cores": {k: round(v, 5) for k, v in idle.items()},
         "cpu_s_per_request": {k: round(v, 6) for k, v in per_request.items()},
         "cpu_s_per_token": {k: round(v, 6) for k, v in per_token.items()},
-        "path": serving_path(path_ttfts, steps["path"]),
+        "path": serving_path(path_ttfts, steps["path"], split["path"]),
+        # Each run's mean TTFT in parts (ttft_split): the serving path measured under each run's load.
+        "ttft_split": split,
         # The engines' steps in the long run (at `concurrency`) and in the sweep's runs, with the
         # simulator's model of the same steps: the served engine's cost.
         "engine_steps": {k: {**v, **engine_model_s(v, table)} for k, v in steps.items() if k},
@@ -333,20 +345,44 @@ def measure_serving(models: str, settings: Settings) -> dict:
     }
 
 
-def serving_path(ttfts: list[float], steps: dict) -> dict:
+def serving_path(ttfts: list[float], steps: dict, split: dict | None = None) -> dict:
     """The serving path's latency to the first token beside the engine's work, from requests sent one at a
-    time for one token each: their mean TTFT at the client less the engines' mean step wall per request
-    (each such request is one prefill step; `engine_steps` says how many ran). It is what the simulator
-    adds on a request's way to its replica (the profile's request_path_s), measured on the validation's
-    own stack and in the same sitting as the rest."""
+    time for one token each: their mean TTFT at the client less the engine's part. With every request's
+    timing from its replica (`split`, ttft_split), that part is each request's own (received to its first
+    token: `engine_s`), the same split the validation makes of the real runs' TTFT; without it, the
+    engines' mean step wall per request (each such request is one prefill step; `engine_steps` says how
+    many ran). It is what the simulator adds on a request's way to its replica (the profile's
+    request_path_s), measured on the validation's own stack and in the same sitting as the rest."""
     n = len(ttfts)
     ttft, engine = sum(ttfts) / n, steps["step_time_s"] / n
-    return {
+    out = {
         "requests": n,
         "engine_steps": int(steps["steps"]),
         "ttft_s": round(ttft, 5),
         "engine_step_s": round(engine, 5),
         "request_path_s": round(ttft - engine, 4),
+    }
+    if split is not None and split["requests"] == n:
+        out.update(engine_s=split["engine_s"], request_path_s=round(split["path_s"], 4))
+    return out
+
+
+def ttft_split(ttfts: list[float], spans: list[tuple[float, float] | None]) -> dict | None:
+    """A run's mean TTFT in parts over its requests with their replica's timing (bench/ttft_split.py):
+    the engine's (queue, prefill, both) and the serving path's, the rest (None: no request had one)."""
+    timed = [(t, s) for t, s in zip(ttfts, spans) if s is not None]
+    if not timed:
+        return None
+    n = len(timed)
+    queue, prefill = (sum(s[i] for _, s in timed) / n for i in (0, 1))
+    ttft = sum(t for t, _ in timed) / n
+    return {
+        "requests": n,
+        "ttft_s": round(ttft, 5),
+        "queue_s": round(queue, 5),
+        "prefill_s": round(prefill, 5),
+        "engine_s": round(queue + prefill, 5),
+        "path_s": round(ttft - queue - prefill, 5),
     }
 
 

@@ -138,6 +138,17 @@ def validation_lines(validation: dict) -> list[str]:
             + "; ".join(runs)
             + "\n"
         )
+        paths = [
+            f"{k} {v['path_ms']} / {v['path_model_ms']} ({v['path_at_measured_stretch_ms']})"
+            for k, v in checked.items()
+            if "path_ms" in v
+        ]
+        if paths:  # the serving path under load: the premise of its stretch in the simulator
+            idle = next(v["path_idle_ms"] for v in checked.values() if "path_ms" in v)
+            lines.append(
+                f"Serving path on the same runs, mean ms measured / modelled (modelled at the run's measured "
+                f"step stretch; {idle} ms at idle): " + "; ".join(paths) + "\n"
+            )
     if validation.get("timeline"):  # the sitting, in order: what ran when
         parts = [f"{p['part']} {p['started']} ({p['minutes']} min)" for p in validation["timeline"]]
         lines.append("Sitting: " + "; ".join(parts) + "\n")

@@ -205,7 +205,8 @@ def measure_profile(models: str, quick: bool, command: str, measurement: Path, p
         profile_out.write_text(json.dumps(fresh, indent=1) + "\n")
         recorded = {
             # The host model on the measurement's own engine runs (bench/cost_profile.host_check).
-            "host_check": host_check(data["serving"], fresh["host"]),
+            # The serving path under each run's load too, where the runs recorded it.
+            "host_check": host_check(data["serving"], fresh["host"], fresh["request_path_s"]),
             "path": _shown(profile_out),
             "measurement": _shown(measurement),
             "measured_at": data["measured_at"],

@@ -17,6 +17,7 @@ from bench.serving_cost import (
     serving_path,
     split_engine,
     sweep_label,
+    ttft_split,
 )
 from sim.profiles import from_dict
 from sim.step_fit import EngineRun, model_s
@@ -137,6 +138,30 @@ def test_the_serving_path_is_the_mean_ttft_less_the_engines_mean_step_per_reques
     }
 
 
+def test_with_each_requests_timing_the_path_is_its_ttft_less_its_own_engine_part():
+    """Four one-token requests: TTFT 40, 50, 36, 34 ms at the client; at their replicas 4 ms queue and
+    10, 12, 8, 6 ms prefill: the serving path is 40 - 13 = 27 ms, not TTFT less the step wall."""
+    ttfts = [0.040, 0.050, 0.036, 0.034]
+    spans = [(0.004, 0.010), (0.004, 0.012), (0.004, 0.008), (0.004, 0.006)]
+    split = ttft_split(ttfts, spans)
+    assert split == {
+        "requests": 4,
+        "ttft_s": 0.04,
+        "queue_s": 0.004,
+        "prefill_s": 0.009,
+        "engine_s": 0.013,
+        "path_s": 0.027,
+    }
+    path = serving_path(ttfts, {"steps": 4, "step_time_s": 0.048}, split)
+    assert path["request_path_s"] == 0.027 and path["engine_s"] == 0.013 and path["engine_step_s"] == 0.012
+    # A request without timing (an older replica) leaves the run's split to the others and the path
+    # run to the step wall.
+    partial = ttft_split(ttfts, spans[:3] + [None])
+    assert partial["requests"] == 3 and partial["ttft_s"] == pytest.approx(0.042, abs=1e-9)
+    assert serving_path(ttfts, {"steps": 4, "step_time_s": 0.048}, partial)["request_path_s"] == 0.028
+    assert ttft_split(ttfts, [None] * 4) is None
+
+
 def test_a_measurement_with_its_own_path_run_and_time_sets_request_path_s_and_names_both():
     """A measurement made in one sitting (bench/sim_validate.py --measure-profile) carries its own path
     run and its start time: request_path_s comes from that run, not from serve_proxy.json, and the host
@@ -178,6 +203,12 @@ def test_a_measurement_with_its_own_path_run_and_time_sets_request_path_s_and_na
     )
     (host_source,) = [s for s in fresh["sources"] if s.startswith("host block")]
     assert named in host_source
+    # A path run with each request's timing names the engine's own part instead of the step wall.
+    timed = {**sitting["serving"], "path": {**path, "engine_s": 0.013, "request_path_s": 0.048}}
+    own = derive_profile(profile, timed, serve, provenance(sitting))
+    assert own["request_path_s"] == 0.048
+    (timed_source,) = [s for s in own["sources"] if s.startswith("serving path latency:")]
+    assert "less the engine's part per request 13.0 ms (received at the replica" in timed_source
     # Every fitted source names the sitting (the committed measurement has sweeps).
     fitted = [s for s in fresh["sources"] if s.startswith(("SPS(B)", "engine overhead", "drafter cost"))]
     assert len(fitted) == 3 and all(named in s for s in fitted)
@@ -199,7 +230,7 @@ def test_the_host_check_sets_each_sweep_runs_measured_stretch_beside_the_host_mo
     old = {k: v for k, v in run.items() if k != "wall_s"}
     serving = {"engine_sweep": ["engine_c2_p48", "engine_c4_p48"]}
     serving["engine_steps"] = {"engine_c2_p48": run, "engine_c4_p48": old}
-    assert host_check(serving, host) == {
+    checked = {
         "engine_c2_p48": {
             "measured": 2.0,
             "model": round(0.8 * 2 / 1.3 + 0.2, 3),
@@ -207,5 +238,20 @@ def test_the_host_check_sets_each_sweep_runs_measured_stretch_beside_the_host_mo
             "serving_load_cores": 0.7,
             "other_work_cores": 0.2,
             "engines_stepping": 0.8,
+        }
+    }
+    assert host_check(serving, host) == checked
+    # With the run's TTFT in parts and the idle path (20 ms, of which 15 ms CPU): its path beside the
+    # model's, at the host model's path stretch (both engines stepping for 0.8^2 of arrivals, 2 / 1.3)
+    # and at the run's measured step stretch (2.0).
+    host |= {"cpu_s_per_request": 0.012, "replica_cpu_s_per_request": 0.003}
+    serving["ttft_split"] = {"engine_c2_p48": {"path_s": 0.031}, "engine_c4_p48": {"path_s": 0.04}}
+    assert host_check(serving, host, 0.020) == {
+        "engine_c2_p48": {
+            **checked["engine_c2_p48"],
+            "path_ms": 31.0,
+            "path_model_ms": round((0.005 + 0.015 * (0.64 * 2 / 1.3 + 0.36)) * 1e3, 2),
+            "path_at_measured_stretch_ms": 35.0,
+            "path_idle_ms": 20.0,
         }
     }

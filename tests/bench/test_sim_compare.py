@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.sim_compare import METRICS, compare, step_view, validation_lines
+from bench.sim_compare import METRICS, compare, split_lines, step_view, validation_lines
 
 
 def figures(**given: float) -> dict:
@@ -73,6 +73,19 @@ def test_a_step_view_reads_the_real_engines_cpu_or_the_models_time_alone():
     assert step_view(sim)["other_cores"] is None and step_view(sim)["cpu_over_model"] is None
 
 
+def split(path: float, queue: float, prefill: float) -> dict:
+    """A ttft_split of 300 requests whose p50 is the mean and p99 twice it."""
+    parts = {"path_s": path, "queue_s": queue, "prefill_s": prefill}
+    return {"requests": 300} | {k: {"mean": v, "p50": v, "p99": 2 * v} for k, v in parts.items()}
+
+
+def test_a_result_without_the_real_runs_timing_says_so():
+    lines = split_lines({"ttft_split": {"real_runs": [], "sim": split(0.03, 0.004, 0.035)}})
+    assert "| sim | 300 | 30.0 / 30.0 / 60.0 | 4.0 / 4.0 / 8.0 | 35.0 / 35.0 / 70.0 |" in lines
+    assert any("No per-request timing from the real runs" in line for line in lines)
+    assert split_lines({}) == []
+
+
 def test_the_report_shows_both_real_runs_their_spread_the_sim_and_the_steps():
     run1 = figures(tpot_p50_s=0.020)
     run2 = figures(tpot_p50_s=0.025)
@@ -97,6 +110,10 @@ def test_the_report_shows_both_real_runs_their_spread_the_sim_and_the_steps():
                     "model": 1.6,
                     "model_with_other_work": 1.7,
                     "engines_stepping": 0.99,
+                    "path_ms": 40.0,
+                    "path_model_ms": 36.5,
+                    "path_at_measured_stretch_ms": 38.2,
+                    "path_idle_ms": 22.0,
                 },
             },
         },
@@ -105,6 +122,10 @@ def test_the_report_shows_both_real_runs_their_spread_the_sim_and_the_steps():
             {**steps, **shared, "engine_cpu_s": 0.125},
         ],
         "sim_engine_steps": {**steps, "alone_time_s": 0.16, "engine_cpu_over_model": 1.04},
+        "ttft_split": {
+            "real_runs": [split(0.030, 0.004, 0.035), split(0.032, 0.005, 0.036)],
+            "sim": split(0.029, 0.0045, 0.0355),
+        },
         "timeline": [
             {"part": "real run 1", "started": "2026-11-30T10:00:00Z", "minutes": 2.6},
             {"part": "profile measurement", "started": "2026-11-30T10:02:36Z", "minutes": 1.7},
@@ -123,6 +144,17 @@ def test_the_report_shows_both_real_runs_their_spread_the_sim_and_the_steps():
         "the other work on the machine; the share of the run each engine stepped): "
         "engine_c2_p48 1.6 / 1.5 (1.55; 0.9); engine_c8_p48 1.7 / 1.6 (1.7; 0.99)\n"
     ) in lines
+    assert (
+        "Serving path on the same runs, mean ms measured / modelled (modelled at the run's measured step "
+        "stretch; 22.0 ms at idle): engine_c8_p48 40.0 / 36.5 (38.2)\n"
+    ) in lines
+    header = (
+        "|  | requests | serving path mean / p50 / p99 | engine queue mean / p50 / p99 | "
+        "prefill mean / p50 / p99 |"
+    )
+    assert header in lines
+    assert "| real run 2 | 300 | 32.0 / 32.0 / 64.0 | 5.0 / 5.0 / 10.0 | 36.0 / 36.0 / 72.0 |" in lines
+    assert "| sim | 300 | 29.0 / 29.0 / 58.0 | 4.5 / 4.5 / 9.0 | 35.5 / 35.5 / 71.0 |" in lines
     assert (
         "Sitting: real run 1 2026-11-30T10:00:00Z (2.6 min); "
         "profile measurement 2026-11-30T10:02:36Z (1.7 min)\n"

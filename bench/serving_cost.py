@@ -15,7 +15,11 @@ those terms so the simulator's host model (sim/host.py) takes them as data:
    requests; per token = the difference between the two runs over the difference in generated tokens.
    Idle = CPU per second with no traffic. Before those, a path run sends requests one at a time for one
    token each: their mean TTFT less the engines' mean step wall per request is the serving path's latency
-   (the profile's request_path_s, measured on this stack in the same sitting; serving_path).
+   (the profile's request_path_s, measured on this stack in the same sitting; serving_path), or, when
+   every request brought its replica's timing, their mean TTFT less each one's own engine part (received
+   to first token: the split the validation makes). Every run records its mean TTFT in parts
+   (`ttft_split`): the serving path under each run's load, which cost_profile.host_check sets beside
+   the simulator's model of it.
    Then a sweep of runs (--engine-sweep: concurrencies 2 to 12, about 1 to 6 decoding requests per
    replica, and one run with longer prompts) measures the engines themselves: their own counters (steps,
    tokens through the forward, decoding requests per step) beside the engine threads' CPU, their wait for

@@ -10,7 +10,12 @@ target's tokenizer counts them, max_tokens, SLA class, domain) on two simulated 
 machine's profile (sim/profiles/cpu_measured.json), whose SPS table is replaced by the one the real
 replicas use (the newest table in the engine's cache after the stack started) and whose engine settings
 follow the app's. Reported for each metric: each real run, their spread, simulated, and the differences;
-and the engines' steps over each run (their counters) beside the simulated replicas'.
+the engines' steps over each run (their counters) beside the simulated replicas'; and TTFT in parts,
+serving path (both ways), engine queue and prefill: a real request's from its replica's timing on its
+last chunk (bench/ttft_split.py), a simulated one's from its own record (sim.workload.Request.ttft_parts).
+Beside the model as it stands ("sim": the engines share the host with the serving path, whose latency
+stretches with the host's contention, sim/host.py), two variants run on the same trace: the path at its
+idle latency ("sim_path_at_idle") and each engine alone on its core ("sim_engine_alone").
 
 This machine's speed drifts (more than 2x within an hour has been seen), so a profile measured at another
 time than the real runs measures another machine. --measure-profile measures the profile in the same

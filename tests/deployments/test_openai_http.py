@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
 from urllib.parse import urlparse
 
 import openai
@@ -67,6 +68,12 @@ def test_streaming_completion_equals_offline_greedy(client, offline, serve_stack
     assert text == expected.text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].usage.completion_tokens == 20
+    # The last chunk with a choice carries the replica's timing (this host's monotonic clock), in order.
+    last = [c for c in chunks if c.choices][-1]
+    timing = last.model_extra["dspark"]["timing"]
+    stamps = [timing[k] for k in ("received", "admitted", "scheduled", "first_token")]
+    assert stamps == sorted(stamps) and stamps[-1] <= time.monotonic()
+    assert all("timing" not in (c.model_extra or {}).get("dspark", {}) for c in chunks if c is not last)
 
 
 def test_chat_completion_stream_and_not(client, serve_stack):

@@ -166,16 +166,18 @@ def split_lines(validation: dict) -> list[str]:
         return []
     rows = [(f"real run {i + 1}", run) for i, run in enumerate(split.get("real_runs") or [])]
     rows += [(label, parts) for label, parts in split.items() if label != "real_runs"]
-    header = ["", "requests", *(f"{title} mean / p50 / p99" for _, title in SPLIT_PARTS)]
+    header = ["", "requests", *(f"{title} mean / p50 / p99" for _, title in SPLIT_PARTS), "path in"]
     lines = [
-        "TTFT in parts, ms (serving path both ways, engine queue, prefill; real: the replicas' timing):\n",
+        "TTFT in parts, ms (serving path both ways, engine queue, prefill; real: the replicas' timing; "
+        "path in: of the path, arrival to the replica, real only):\n",
         "| " + " | ".join(header) + " |",
         "|---|" + "---:|" * (len(header) - 1),
     ]
     for label, parts in rows:
         cells = [label, str(parts["requests"])]
-        for key, _ in SPLIT_PARTS:
-            cells.append(" / ".join(_ms(parts[key][q]) for q in ("mean", "p50", "p99")))
+        for key, _ in (*SPLIT_PARTS, ("inbound_s", "")):
+            spread = parts.get(key) or {}
+            cells.append(" / ".join(_ms(spread.get(q)) for q in ("mean", "p50", "p99")))
         lines.append("| " + " | ".join(cells) + " |")
     if not split.get("real_runs"):
         lines.append("\n(No per-request timing from the real runs: measured before the replicas sent it.)")

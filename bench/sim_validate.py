@@ -57,7 +57,7 @@ from bench.sim_compare import METRICS, compare  # noqa: E402
 from bench.ttft_split import place  # noqa: E402
 from sim import step_fit  # noqa: E402
 from sim.cluster import Cluster, ClusterConfig, Group  # noqa: E402
-from sim.metrics import summarize, ttft_split  # noqa: E402
+from sim.metrics import spread, summarize, ttft_split  # noqa: E402
 from sim.profiles import PROFILE_DIR, Profile, from_dict, load  # noqa: E402
 from sim.scenario import CLASSES  # noqa: E402
 from sim.workload import Request, Workload, generate  # noqa: E402
@@ -136,10 +136,12 @@ def validate(
                 profile, recorded = between()
                 timeline.append(_span("profile measurement", started))
             started = time.time()
-            real, steps = _run_real(target, trace, prompts, engine)
+            real, steps, inbound = _run_real(target, trace, prompts, engine)
             timeline.append(_span(f"real run {run + 1}", started))
             real_runs.append(summarize(real, classes, warmup, duration))
-            real_splits.append(ttft_split(real, warmup, duration))
+            scored = [v for r, v in zip(real, inbound) if v is not None and warmup <= r.arrival < duration]
+            # Of the path, the way in (arrival to the replica): the replicas share this host's clock.
+            real_splits.append({**ttft_split(real, warmup, duration), "inbound_s": spread(scored)})
             counters.append(steps)
         table = _engine_table()
     out = {
@@ -274,11 +276,11 @@ def _run_real(
         from bench.serving_cost import StepWindow
 
         with StepWindow("simval") as window:
-            asyncio.run(_drive(client, target.resolve().name, real, prompts))
+            inbound = asyncio.run(_drive(client, target.resolve().name, real, prompts))
     finally:
         serve.shutdown()
         ray.shutdown()
-    return real, window.steps
+    return real, window.steps, inbound
 
 
 def engine_steps(steps: dict, table: dict | None, profile: Profile) -> dict:
@@ -309,12 +311,17 @@ def sim_steps(replicas: list, table: dict | None, profile: Profile) -> dict:
     return {**out, **{k: model[k] for k in ("engine_model_s", "engine_cpu_over_model")}}
 
 
-async def _drive(client, model: str, requests: list[Request], prompts: list[str]) -> None:
+async def _drive(client, model: str, requests: list[Request], prompts: list[str]) -> list[float | None]:
+    """Each request at its arrival time, streamed; returns each one's way in (its arrival to its
+    replica's `received` stamp, None without one), the client and the replicas sharing this host's
+    monotonic clock."""
     import openai
 
     t0 = time.perf_counter()
+    t0_monotonic = time.monotonic() - (time.perf_counter() - t0)
+    inbound: list[float | None] = [None] * len(requests)
 
-    async def one(req: Request, prompt: str) -> None:
+    async def one(index: int, req: Request, prompt: str) -> None:
         await asyncio.sleep(max(0.0, req.arrival - (time.perf_counter() - t0)))
         timing = None
         try:
@@ -338,10 +345,13 @@ async def _drive(client, model: str, requests: list[Request], prompts: list[str]
                     req.generated = chunk.usage.completion_tokens
             req.finish, req.outcome = time.perf_counter() - t0, "done"
             place(req, timing)  # TTFT in parts: the replica's engine spans
+            if timing and timing.get("received") is not None:
+                inbound[index] = timing["received"] - (t0_monotonic + req.arrival)
         except openai.RateLimitError:
             req.outcome, req.finish = "shed", time.perf_counter() - t0
 
-    await asyncio.gather(*(one(r, p) for r, p in zip(requests, prompts)))
+    await asyncio.gather(*(one(i, r, p) for i, (r, p) in enumerate(zip(requests, prompts))))
+    return inbound
 
 
 def _engine_table(path: str | None = None) -> dict | None:

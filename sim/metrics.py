@@ -81,10 +81,14 @@ def ttft_split(requests: Iterable[Request], warmup_s: float, duration_s: float) 
     parts = [p for p in parts if p is not None]
     out: dict = {"requests": len(parts)}
     for i, name in enumerate(PARTS):
-        values = [p[i] for p in parts]
-        out[name] = {
-            "mean": round(float(np.mean(values)), 6) if values else None,
-            "p50": _pct(values, 50),
-            "p99": _pct(values, 99),
-        }
+        out[name] = spread([p[i] for p in parts])
     return out
+
+
+def spread(values: list[float]) -> dict:
+    """Mean, p50 and p99 (None for no values)."""
+    return {
+        "mean": round(float(np.mean(values)), 6) if values else None,
+        "p50": _pct(values, 50),
+        "p99": _pct(values, 99),
+    }

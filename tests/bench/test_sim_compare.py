@@ -81,7 +81,7 @@ def split(path: float, queue: float, prefill: float) -> dict:
 
 def test_a_result_without_the_real_runs_timing_says_so():
     lines = split_lines({"ttft_split": {"real_runs": [], "sim": split(0.03, 0.004, 0.035)}})
-    assert "| sim | 300 | 30.0 / 30.0 / 60.0 | 4.0 / 4.0 / 8.0 | 35.0 / 35.0 / 70.0 |" in lines
+    assert "| sim | 300 | 30.0 / 30.0 / 60.0 | 4.0 / 4.0 / 8.0 | 35.0 / 35.0 / 70.0 | - / - / - |" in lines
     assert any("No per-request timing from the real runs" in line for line in lines)
     assert split_lines({}) == []
 
@@ -123,7 +123,10 @@ def test_the_report_shows_both_real_runs_their_spread_the_sim_and_the_steps():
         ],
         "sim_engine_steps": {**steps, "alone_time_s": 0.16, "engine_cpu_over_model": 1.04},
         "ttft_split": {
-            "real_runs": [split(0.030, 0.004, 0.035), split(0.032, 0.005, 0.036)],
+            "real_runs": [
+                split(0.030, 0.004, 0.035),
+                split(0.032, 0.005, 0.036) | {"inbound_s": {"mean": 0.012, "p50": 0.011, "p99": 0.03}},
+            ],
             "sim": split(0.029, 0.0045, 0.0355),
         },
         "timeline": [
@@ -150,11 +153,13 @@ def test_the_report_shows_both_real_runs_their_spread_the_sim_and_the_steps():
     ) in lines
     header = (
         "|  | requests | serving path mean / p50 / p99 | engine queue mean / p50 / p99 | "
-        "prefill mean / p50 / p99 |"
+        "prefill mean / p50 / p99 | path in |"
     )
     assert header in lines
-    assert "| real run 2 | 300 | 32.0 / 32.0 / 64.0 | 5.0 / 5.0 / 10.0 | 36.0 / 36.0 / 72.0 |" in lines
-    assert "| sim | 300 | 29.0 / 29.0 / 58.0 | 4.5 / 4.5 / 9.0 | 35.5 / 35.5 / 71.0 |" in lines
+    row = "| real run 2 | 300 | 32.0 / 32.0 / 64.0 | 5.0 / 5.0 / 10.0 | 36.0 / 36.0 / 72.0 | "
+    row += "12.0 / 11.0 / 30.0 |"
+    assert row in lines
+    assert "| sim | 300 | 29.0 / 29.0 / 58.0 | 4.5 / 4.5 / 9.0 | 35.5 / 35.5 / 71.0 | - / - / - |" in lines
     assert (
         "Sitting: real run 1 2026-11-30T10:00:00Z (2.6 min); "
         "profile measurement 2026-11-30T10:02:36Z (1.7 min)\n"

@@ -18,7 +18,8 @@ With `stream_mux` (the default under the SLA router), a request's own replica ca
 first event, which names the replica; its later events arrive on this ingress' one subscription to
 that replica, shared by all its streams there (deployments/mux_client.py), and are handed to the
 Stream by a queue. The request's call stays open until the request ends, so a client that leaves
-still cancels it and the replica aborts the request.
+still cancels it and the replica aborts the request. When that subscription is open as the request
+starts, its first event comes on it too, and the earlier copy is taken (`first_message`).
 
 Each request carries its routing inputs to the SLA router (router/serve_router.py), which runs in this
 process: its prompt length, max_tokens and SLA class (router/sla.py), as the `route` keyword of the
@@ -225,10 +226,11 @@ class Frontend:
             **extra,
         )
         try:
-            message = await source.__anext__()
-            if mux is not None:
-                replica_id, message, address = unpack_first(message)
-            first = received(message)
+            if mux is None:
+                first = received(await source.__anext__())
+            else:
+                replica_id, message, address = await first_message(source, mux.first(key))
+                first = received(message)
         except BaseException:
             source.cancel()
             if mux is not None:
@@ -299,6 +301,32 @@ class Frontend:
             return self.tokenizer.encode(text, add_special_tokens=False)
         # Exactly what Engine.tokenize does, so served output equals offline output for the same text.
         return self.tokenizer.encode(req.prompt, add_special_tokens=False)
+
+
+async def first_message(source, copy: asyncio.Future) -> tuple[str, bytes, tuple[str, int, str] | None]:
+    """A muxed request's first event as (replica id, event bytes, the replica's socket address): from
+    the request's call (`stream_mux.pack_first`) or, if it comes first, from its copy on the open
+    subscription (`copy`, deployments/stream_mux.py; no address then: the subscription has it). A
+    refusal comes on the call only, as its error."""
+    call = asyncio.ensure_future(source.__anext__())
+    try:
+        await asyncio.wait((call, copy), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the client left meanwhile
+        call.cancel()
+        raise
+    finally:
+        copy.cancel()
+    if call.done():  # the call's message came first (or at once with the copy), or its error
+        return unpack_first(call.result())
+    call.add_done_callback(_retrieve)  # read no further: the call's own first message is dropped
+    replica_id, event = copy.result()
+    return replica_id, event, None
+
+
+def _retrieve(task: asyncio.Future) -> None:
+    """Mark an unread call's outcome as seen (the stream's end cancels it, or a later error ends it)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def collect_decision(request_id: str, route: Newcomer, span: RequestSpan | None = None) -> dict | None:

@@ -1,6 +1,7 @@
 """The ingress' end of the multiplexed streams (deployments/stream_mux.py): one subscription per target
 replica that runs any of this ingress' streams, opened when the first of them starts and ended by the
-replica when the last one ends.
+replica when the last one ends (with the socket transport, once it has been idle for
+mux_socket.LINGER_S, so back-to-back requests share one connection).
 
 The request itself is placed by the app's router (any of them): its own handle call carries the first
 event and this replica's id (`stream_mux.pack_first`), then stays open, sending nothing, until the
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import uuid
 
@@ -54,6 +56,10 @@ class Subscriptions:
         key = uuid.uuid4().hex
         return key, self.demux.register(key)
 
+    def first(self, key: str) -> asyncio.Future:
+        """(replica id, first event bytes), if a copy of the first event comes on a subscription."""
+        return self.demux.first(key)
+
     def placed(self, key: str, replica_id: str, address: tuple[str, int, str] | None = None) -> None:
         """Stream `key` runs on `replica_id`, listening at `address` with the socket transport (its
         first event said so): open the subscription there unless one is open."""
@@ -70,26 +76,30 @@ class Subscriptions:
 
     async def _subscribe(self, replica_id: str) -> None:
         misrouted = 0
+        deliver = functools.partial(self.demux.deliver, replica_id=replica_id)
         try:
             # The replica ends a subscription when none of our streams runs there; one placed there
             # meanwhile (its first event already sent) needs the next.
             while self.demux.running_on(replica_id):
                 if self.socket:
-                    await mux_socket.receive(
-                        self._addresses[replica_id], self.channel, replica_id, self.demux.deliver
-                    )
+                    address = self._addresses.get(replica_id)
+                    if address is None:  # placed by its first event's copy after that subscription broke
+                        raise mux_socket.StreamLostError(f"no open subscription to replica {replica_id}")
+                    await mux_socket.receive(address, self.channel, replica_id, deliver)
                     continue
                 source = self._handle.subscribe.remote(self.channel, **{PINNED: replica_id})
                 try:
                     async for message in source:
-                        self.demux.deliver(message)
+                        deliver(message)
                 except Exception as exc:
                     if isinstance(unwrap(exc), stream_mux.MisroutedError) and misrouted < MISROUTED_RETRIES:
                         misrouted += 1
                         continue
                     raise
         except Exception as exc:  # the replica died, or the subscription could not reach it
-            log.warning("subscription to replica %s broke: %r", replica_id, exc)
+            # An idle lingering subscription that breaks (its replica stopped) costs no stream.
+            level = logging.WARNING if self.demux.running_on(replica_id) else logging.INFO
+            log.log(level, "subscription to replica %s broke: %r", replica_id, exc)
             self.demux.fail(replica_id, exc)
         finally:
             # No await between the last check of `running_on` and here: a stream placed later

@@ -36,6 +36,10 @@ from dspark.errors import EngineDeadError
 log = logging.getLogger(__name__)
 HELLO_TIMEOUT_S = 10.0  # a connection that does not say who it is within this is dropped
 WRITE_BUFFER_HIGH = 1 << 20  # bytes queued for a slow ingress before the subscription waits for it
+# An idle subscription stays open this long after its last stream: back-to-back requests (concurrency 1)
+# reuse it instead of connecting once each, and their first events can travel on it
+# (deployments/stream_mux.py). No Serve call is held meanwhile, so nothing waits on it to drain.
+LINGER_S = 2.0
 
 
 class StreamLostError(EngineDeadError):
@@ -102,7 +106,7 @@ class MuxServer:
 
     async def _send(self, channel: str, writer: asyncio.StreamWriter) -> None:
         transport = writer.transport
-        async with contextlib.aclosing(self._outboxes.subscribe(channel)) as messages:
+        async with contextlib.aclosing(self._outboxes.subscribe(channel, LINGER_S)) as messages:
             async for message in messages:
                 if transport.is_closing():  # the ingress went away; its streams end with their requests
                     return

@@ -152,7 +152,9 @@ class TargetReplica:
         subscription to this replica (a connection to this replica's socket, deployments/mux_socket.py,
         or `subscribe(channel)`; deployments/stream_mux.py), where they travel with its other streams'
         events of the same step, under `key`. The first message then carries this replica's id and
-        socket address too (`stream_mux.pack_first`), and nothing follows it here: the call
+        socket address too (`stream_mux.pack_first`); when the subscription is open then, a copy of
+        the first event goes on it too, which the ingress takes if it comes first; nothing follows
+        it here: the call
         stays open until the request ends, so cancelling it still aborts the request, and Serve's
         routers still count the request as running here until then.
         """
@@ -223,6 +225,7 @@ class TargetReplica:
                     address = await self._mux_address()
                     outbox = self._outboxes[mux[0]]
                     outbox.open(mux[1])
+                    outbox.copy_first(mux[1], wire)  # on an open subscription, likely there first
                     yield stream_mux.pack_first(_replica_id(), wire, address)
                     if relay is not None and not event.finished:
                         relay.attach(outbox, mux[1], event, held)
@@ -319,7 +322,8 @@ class TargetReplica:
 
     async def get_state(self) -> dict:
         """Admin: the routing stats plus the engine's counters and the multiplexed streams' (since
-        start: subscriptions served, messages sent, events they carried; ingress channels open)."""
+        start: subscriptions served, messages sent, events they carried, first events copied onto an
+        open subscription; ingress channels open)."""
         stats = await self.record_routing_stats()
         engine_stats = await self.engine.call_async(lambda e: e.stats.to_dict())
         mux = {**self._outboxes.counts, "channels": len(self._outboxes)}

@@ -11,14 +11,23 @@ The pieces, none of them touching Ray (deployments/replica.py and deployments/mu
 - `Outbox` (replica side, one per ingress channel): the streams registered to it, what they queued,
   and the subscription draining it (`batches`), which ends once no stream is registered and nothing
   is queued, so a replica with no requests has no call in flight (Serve's graceful shutdown waits
-  for in-flight calls).
+  for in-flight calls). A socket subscription (deployments/mux_socket.py) lingers `linger_s` before
+  it ends: back-to-back requests (concurrency 1) then reuse it rather than connect once each.
 - `Outboxes`: a replica's outboxes by channel id.
 - `Demux` (ingress side, one per ingress replica): its streams, each with its queue, fed by
-  `deliver(message)` from any subscription, or failed together when a replica's breaks (`fail`).
+  `deliver(message, replica_id)` from any subscription, or failed together when a replica's breaks
+  (`fail`).
+
+The first event. It always travels on the request's own call (which also carries the replica's id and
+address, and any refusal). When the ingress' subscription to the replica is open at that moment (other
+streams run there, or it lingers after the previous request), the event is also queued on it, as kind
+FIRST: that path is one socket write away from the ingress, against Serve's and Ray core's several
+thread hops for the call's message, so the ingress takes whichever copy arrives first (`Demux.first`)
+and drops the other (time to first token).
 
 Wire format: a message is msgpack of a flat list [key, kind, payload, key, kind, payload, ...], the
-payload an event's own bytes (events.StreamEvent.to_wire; kind LAST for a stream's last one) or a
-pickled exception (kind ERROR: what ended a request after its first event).
+payload an event's own bytes (events.StreamEvent.to_wire; kind LAST for a stream's last one, FIRST for
+a copy of its first) or a pickled exception (kind ERROR: what ended a request after its first event).
 """
 
 from __future__ import annotations
@@ -29,8 +38,9 @@ from collections.abc import AsyncIterator, Callable
 
 import msgpack
 
-COUNTS = ("subscriptions", "messages", "events")
-EVENT, ERROR, LAST = 0, 1, 2  # an event, the error that ended a stream, a stream's last event
+COUNTS = ("subscriptions", "messages", "events", "first_copies")
+# an event, the error that ended a stream, its last event, a copy of its first
+EVENT, ERROR, LAST, FIRST = 0, 1, 2, 3
 
 
 class MisroutedError(RuntimeError):
@@ -74,6 +84,14 @@ class Outbox:
         self._queued += (key, kind, payload)
         self._ready.set()
 
+    def copy_first(self, key: str, payload: bytes) -> bool:
+        """Queue a copy of a stream's first event if a subscription is reading (module docstring)."""
+        if not self._reader:
+            return False
+        self.put(key, payload, FIRST)
+        self._counts["first_copies"] += 1
+        return True
+
     def close(self, key: str) -> None:
         """The stream queues nothing more (its last event, if any, is queued)."""
         self._streams.discard(key)
@@ -84,9 +102,9 @@ class Outbox:
         """Nothing registered, nothing queued, no subscription reading: the outbox can go."""
         return not self._streams and not self._queued and not self._reader
 
-    async def batches(self) -> AsyncIterator[bytes]:
+    async def batches(self, linger_s: float = 0.0) -> AsyncIterator[bytes]:
         """The subscription: each wake-up's queued events as one message, until no stream is open
-        and nothing is queued (or a newer subscription takes over)."""
+        and nothing is queued for `linger_s` (or a newer subscription takes over)."""
         self._reader += 1
         me = self._reader
         self._ready.set()  # an older subscription still waiting wakes up and ends
@@ -98,10 +116,17 @@ class Outbox:
                     self._counts["events"] += len(queued) // 3
                     yield msgpack.packb(queued)
                     continue
-                if not self._streams:
-                    return
                 self._ready.clear()
-                await self._ready.wait()
+                if self._streams:
+                    await self._ready.wait()
+                    continue
+                if linger_s <= 0:
+                    return
+                try:
+                    await asyncio.wait_for(self._ready.wait(), linger_s)
+                except asyncio.TimeoutError:
+                    if not self._streams and not self._queued:
+                        return
         finally:
             if me == self._reader:
                 self._reader = 0
@@ -194,10 +219,10 @@ class Outboxes:
     def __len__(self) -> int:
         return len(self._by_channel)
 
-    async def subscribe(self, channel: str) -> AsyncIterator[bytes]:
+    async def subscribe(self, channel: str, linger_s: float = 0.0) -> AsyncIterator[bytes]:
         self.counts["subscriptions"] += 1
         try:
-            async for message in self[channel].batches():
+            async for message in self[channel].batches(linger_s):
                 yield message
         finally:
             self.release(channel)
@@ -213,12 +238,19 @@ class Demux:
 
     def __init__(self) -> None:
         self._queues: dict[str, asyncio.Queue] = {}
+        self._first: dict[str, asyncio.Future] = {}  # key -> (replica id, first event), until it arrives
         self._on: dict[str, set[str]] = {}  # replica id -> keys of the streams placed there
         self._replica_of: dict[str, str] = {}
 
     def register(self, key: str) -> asyncio.Queue:
         queue = self._queues[key] = asyncio.Queue()
         return queue
+
+    def first(self, key: str) -> asyncio.Future:
+        """Resolves to (replica id, event bytes) when a copy of the stream's first event arrives on a
+        subscription; cancel it once the request's call delivered the first event."""
+        future = self._first[key] = asyncio.get_running_loop().create_future()
+        return future
 
     def placed(self, key: str, replica_id: str) -> None:
         if key in self._queues:
@@ -227,6 +259,9 @@ class Demux:
 
     def unregister(self, key: str) -> None:
         self._queues.pop(key, None)
+        first = self._first.pop(key, None)
+        if first is not None:
+            first.cancel()
         replica_id = self._replica_of.pop(key, None)
         if replica_id is not None:
             keys = self._on[replica_id]
@@ -240,13 +275,19 @@ class Demux:
     def __len__(self) -> int:
         return len(self._queues)
 
-    def deliver(self, message: bytes) -> None:
-        """Hand each event of a subscription message to its stream's queue; a stream that left (its
-        client disconnected) is skipped."""
+    def deliver(self, message: bytes, replica_id: str) -> None:
+        """Hand each event of a subscription message (from replica `replica_id`) to its stream's queue;
+        a stream that left (its client disconnected) is skipped, and so is a first event's copy that
+        came second."""
         flat = msgpack.unpackb(message)
         queues = self._queues
         for i in range(0, len(flat), 3):
             key, kind, payload = flat[i], flat[i + 1], flat[i + 2]
+            if kind == FIRST:
+                first = self._first.pop(key, None)
+                if first is not None and not first.done():
+                    first.set_result((replica_id, payload))
+                continue
             queue = queues.get(key)
             if queue is None:
                 continue

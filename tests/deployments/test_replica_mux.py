@@ -46,10 +46,10 @@ def muxed_streams(replica, params: list[SamplingParams], abort: str | None = Non
 
         async def subscription():
             if address is not None:
-                await mux_socket.receive(address, "c", replica_id, demux.deliver)
+                await mux_socket.receive(address, "c", replica_id, lambda m: demux.deliver(m, replica_id))
                 return
             async for message in replica.subscribe("c", "local"):
-                demux.deliver(message)
+                demux.deliver(message, "local")
 
         async def rest(call) -> list:
             return [item async for item in call]

@@ -13,6 +13,7 @@ from deployments.running import ABORTED
 from deployments.stream_mux import (
     END,
     ERROR,
+    FIRST,
     LAST,
     Demux,
     MisroutedError,
@@ -59,7 +60,7 @@ def test_a_wake_ups_events_of_every_stream_travel_as_one_message_in_order():
     ]
     # The subscription ended once no stream was open and nothing was queued; the outbox is gone.
     assert len(boxes) == 0
-    assert boxes.counts == {"subscriptions": 1, "messages": 2, "events": 5}
+    assert boxes.counts == {"subscriptions": 1, "messages": 2, "events": 5, "first_copies": 0}
 
 
 def test_what_was_queued_before_a_subscription_or_between_two_is_delivered():
@@ -120,6 +121,52 @@ def test_a_newer_subscription_takes_over_from_an_older_one_waiting():
     assert old_got == [] and [flat(m) for m in new_got] == [["a", LAST, b"a1"]]
 
 
+def test_a_lingering_subscription_carries_the_next_stream_then_ends_once_idle_for_its_linger():
+    async def run():
+        loop = asyncio.get_running_loop()
+        boxes = Outboxes()
+        box = boxes["c"]
+        box.open("a")
+        assert not box.copy_first("a", b"a0")  # no subscription reads yet: the first goes on its call only
+        subscription = boxes.subscribe("c", linger_s=0.2)
+        box.put("a", b"a1", LAST)
+        box.close("a")
+        got = [await subscription.__anext__()]
+        # Idle now, the subscription stays: the next stream's first event is copied onto it at once.
+        box.open("b")
+        assert box.copy_first("b", b"b0")
+        got.append(await asyncio.wait_for(subscription.__anext__(), 5))
+        box.put("b", b"b1", LAST)
+        box.close("b")
+        got.append(await subscription.__anext__())
+        idle_from = loop.time()
+        got += await asyncio.wait_for(drain(subscription), 5)  # nothing more: it ends after its linger
+        return got, loop.time() - idle_from, boxes
+
+    got, idle_s, boxes = asyncio.run(run())
+    assert [flat(m) for m in got] == [["a", LAST, b"a1"], ["b", FIRST, b"b0"], ["b", LAST, b"b1"]]
+    assert 0.2 <= idle_s < 5
+    assert len(boxes) == 0 and boxes.counts["first_copies"] == 1 and boxes.counts["subscriptions"] == 1
+
+
+def test_a_first_events_copy_resolves_its_stream_once_and_is_never_queued():
+    async def run():
+        demux = Demux()
+        qa, qb = demux.register("a"), demux.register("b")
+        first_a, first_b = demux.first("a"), demux.first("b")
+        first_b.cancel()  # b's own call delivered its first event: the copy that follows is dropped
+        demux.deliver(msgpack.packb(["a", FIRST, b"a1", "b", FIRST, b"b1", "a", 0, b"a2"]), "r1")
+        demux.deliver(msgpack.packb(["a", FIRST, b"again"]), "r1")
+        demux.register("c")
+        first_c = demux.first("c")
+        demux.unregister("c")  # a stream that ends (refused) cancels its wait for a copy
+        return qa, qb, first_a, first_c
+
+    qa, qb, first_a, first_c = asyncio.run(run())
+    assert first_a.result() == ("r1", b"a1") and first_c.cancelled()
+    assert qa.get_nowait() == b"a2" and qa.empty() and qb.empty()
+
+
 def test_demux_hands_events_to_their_streams_and_skips_streams_that_left():
     async def run():
         demux = Demux()
@@ -127,11 +174,12 @@ def test_demux_hands_events_to_their_streams_and_skips_streams_that_left():
         demux.register("gone")
         demux.unregister("gone")
         # b's later events overtake its first: they wait in its queue before it is placed.
-        demux.deliver(msgpack.packb(["b", 0, b"b2", "gone", 0, b"x", "a", 0, b"a2"]))
+        demux.deliver(msgpack.packb(["b", 0, b"b2", "gone", 0, b"x", "a", 0, b"a2"]), "r1")
         demux.placed("a", "r1")
         demux.placed("b", "r1")
         assert demux.running_on("r1") == 2
-        demux.deliver(msgpack.packb(["a", LAST, b"a3", "b", ERROR, pack_error(AdmissionError("full", 2.0))]))
+        refused = pack_error(AdmissionError("full", 2.0))
+        demux.deliver(msgpack.packb(["a", LAST, b"a3", "b", ERROR, refused]), "r1")
         return qa, qb, demux
 
     qa, qb, demux = asyncio.run(run())

@@ -115,6 +115,33 @@ def test_concurrent_streams_share_one_subscription_and_end_apart(muxed, serve_st
     assert after["channels"] == 0
 
 
+def test_a_stream_placed_while_its_subscription_reads_gets_its_first_event_on_it_too(muxed, serve_stack):
+    """The replica copies a first event onto the subscription open at that moment; the ingress takes
+    whichever copy comes first (the subscription's, but either gives the same stream)."""
+    handle, config = muxed
+    frontend = Frontend(handle, config)
+    limits = Limits()
+    expected = LLM(str(serve_stack.model_dir), **ENGINE).generate([PROMPT], SamplingParams(**GREEDY))[0]
+    before = handle.get_state.remote().result()["stream_mux"]
+
+    async def run():
+        running = await frontend.open(completion_request({"prompt": "import os\n", **LONG}, limits))
+        running_events = running.events()
+        for _ in range(2):  # its second event came on the subscription: the replica has a reader now
+            await running_events.__anext__()
+        greedy = await frontend.open(completion_request({"prompt": PROMPT, **GREEDY}, limits))
+        got = [e async for e in greedy.events()]
+        await running_events.aclose()
+        return got
+
+    got = asyncio.run(run())
+    assert [t for e in got for t in e.token_ids] == list(expected.token_ids)
+    assert "".join(e.text for e in got) == expected.text and got[-1].finish_reason == "length"
+    wait_until(idle, timeout_s=30, what="the abandoned request to be freed")
+    after = handle.get_state.remote().result()["stream_mux"]
+    assert after["first_copies"] - before["first_copies"] == 1  # the greedy stream's, not the first one's
+
+
 def test_a_replica_dying_ends_its_streams_with_an_error_and_spares_the_others(serve_stack):
     args = app_args(serve_stack.model_dir, num_replicas=2, ingress_num_cpus=0, routing_stats_period_s=0.1)
     serve.run(build_app(args), name=DYING, route_prefix="/dying")

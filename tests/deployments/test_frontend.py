@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -13,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from deployments.config import AppConfig
 from deployments.errors import UnauthorizedError
 from deployments.events import StreamEvent
-from deployments.frontend import Frontend
+from deployments.frontend import INLINE_PROMPT_CHARS, Frontend
 from deployments.validation import Limits, chat_request, completion_request
 from dspark.errors import InvalidRequestError
 from dspark.outputs import SpeculationStats
@@ -266,3 +267,32 @@ def test_route_decision_is_an_event_of_the_request_span(qwen3_dir):
     }
     assert "dspark.route.retry_after_s" not in attrs
     assert decisions.pop(fe.replica.calls[0][1]["route"].key) is None  # collected once, not left behind
+
+
+def test_short_prompts_are_tokenized_on_the_event_loop_long_ones_and_chats_on_the_pool(qwen3_dir):
+    """A short prompt costs less to tokenize than the hop to the pool's thread and back (time to first
+    token); a long prompt or a chat template never blocks the loop that carries the other streams."""
+    fe = frontend(qwen3_dir, n=1)
+    fe._info = {"max_model_len": 1 << 20, "vocab_size": len(fe.tokenizer)}  # room for the long prompt
+    routed, threads = fe.routed_prompt, []
+
+    def recording(req, info):
+        threads.append(threading.get_ident())
+        return routed(req, info)
+
+    fe.routed_prompt = recording
+    requests = [
+        request(prompt="a" * INLINE_PROMPT_CHARS),
+        request(prompt="a" * (INLINE_PROMPT_CHARS + 1)),
+        request(prompt=[5, 6, 7]),
+        chat_request({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}, Limits()),
+    ]
+
+    async def run():
+        for req in requests:
+            await fe.open(req)
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(run())
+    assert [t == loop_thread for t in threads] == [True, False, True, False]
+    assert [call[0][0] for call in fe.replica.calls][2] == [5, 6, 7]

@@ -11,7 +11,9 @@ policy and affinity of its user's threads; the engine thread is the replica's `d
   batch    serving_thread_policy: batch, the default (every thread but the engine's SCHED_BATCH)
   pinned   batch, and engine_cpu: the last CPU (the engine thread alone there, the rest on the others)
 Per arm it reports tok/s/user against offline in the same round (median over rounds), and the engine
-thread's CPU, run-queue wait and preemptions per generated token (from /proc, offline's too).
+thread's CPU, run-queue wait and preemptions per generated token (from /proc, offline's too), and per
+request the stream subscriptions the replica served and the first events it copied onto an open one
+(deployments/stream_mux.py; its `get_state` counters).
 
     python bench/placement_ab.py --model models/target --drafter dspark --num-speculative-tokens 7 \\
         --concurrency 1 --rounds 5
@@ -41,6 +43,8 @@ MEASURES = (
     "engine_cpu_ms_per_token",
     "engine_wait_ms_per_token",
     "engine_preempted_per_token",
+    "subscriptions_per_request",
+    "first_copies_per_request",
 )
 ARMS = {"normal": ("normal", False), "batch": ("batch", False), "pinned": ("batch", True)}
 
@@ -72,6 +76,12 @@ def thread_counters(pid: int | str, tid: int) -> tuple[int, int, int]:
     return thread_sched(Path(f"/proc/{pid}/task/{tid}"))[:3]
 
 
+def mux_counts(replica) -> tuple[int, int]:
+    """(subscriptions served, first events copied onto one) by the target replica so far."""
+    counts = replica.get_state.remote().result()["stream_mux"]
+    return counts["subscriptions"], counts["first_copies"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="models/target")
@@ -87,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import openai
     import torch
+    from ray import serve
     from serve import grpc_request, http_request, run_offline, run_threads, serve_pids, start_stack, summarize
     from transformers import AutoTokenizer
 
@@ -111,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         "grpc": grpc_request(grpc_client, args.max_tokens),
     }
     runs: list[dict] = []
+    handle = serve.get_deployment_handle("TargetReplica", "bench")
     try:
         pids = serve_pids()
         replica = pids["replica"][0]
@@ -129,12 +141,15 @@ def main(argv: list[str] | None = None) -> int:
                 for surface in jobs:
                     where, tid = ("self", offline.thread_id) if arm == "offline" else (replica, engine)
                     before = thread_counters(where, tid)
+                    mux_before = (0, 0) if arm == "offline" else mux_counts(handle)
                     load = os.getloadavg()[0]
                     if arm == "offline":
                         samples, wall = run_offline(offline, prompts, args.max_tokens, args.concurrency)
                     else:
                         samples, wall = run_threads(surfaces[surface], prompts, args.concurrency)
                     after = thread_counters(where, tid)
+                    mux_after = (0, 0) if arm == "offline" else mux_counts(handle)
+                    mux = [a - b for a, b in zip(mux_after, mux_before)]
                     tokens = sum(s.tokens for s in samples)
                     cpu, queued, preempted = (a - b for a, b in zip(after, before))
                     point = summarize(samples, wall)
@@ -151,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                             "engine_cpu_ms_per_token": cpu / tokens / 1e6,
                             "engine_wait_ms_per_token": queued / tokens / 1e6,
                             "engine_preempted_per_token": preempted / tokens,
+                            "subscriptions_per_request": mux[0] / len(samples),
+                            "first_copies_per_request": mux[1] / len(samples),
                             "load_1m": load,
                         }
                     )
@@ -160,7 +177,6 @@ def main(argv: list[str] | None = None) -> int:
         grpc_client.close()
         offline.shutdown()
         import ray
-        from ray import serve
 
         serve.shutdown()
         ray.shutdown()

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from sim import step_fit
-from sim.host import path_latency, stretch
+from sim.host import path_latency, path_parts, stretch
 from sim.profiles import from_dict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,8 +83,11 @@ def derive_profile(profile: dict, serving: dict, serve: dict, command: str) -> d
     terms (a measurement without them leaves those, and their sources, as they are). `command`: the
     measurement's provenance()."""
     out = {**profile, "host": host_block(serving)}
+    out.pop("request_path_in_s", None)  # the measurement's own split, or none
     if "path" in serving:
         out["request_path_s"] = serving["path"]["request_path_s"]
+        if "request_path_in_s" in serving["path"]:
+            out["request_path_in_s"] = serving["path"]["request_path_in_s"]
         sources = {PATH_SOURCE: _own_path_source(serving["path"], command)}
     else:
         out["request_path_s"] = request_path_s(serve)
@@ -123,11 +126,18 @@ def _own_path_source(path: dict, command: str) -> str:
         if "engine_s" in path
         else f"the engines' mean step wall per request {path['engine_step_s'] * 1e3:.1f} ms"
     )
+    split = (
+        f"; of it, request_path_in_s {path['request_path_in_s'] * 1e3:.1f} ms is the way in (sent to the "
+        "replica's received stamp, the client and the replicas sharing the host's monotonic clock), the "
+        f"rest, {path['request_path_back_s'] * 1e3:.1f} ms, the first token's way back"
+        if "request_path_in_s" in path
+        else ""
+    )
     return (
         f"{PATH_SOURCE} serving_cost's path run ({command}; the validation's stack, two replicas, one "
         f"ingress, OpenAI HTTP streaming; {path['requests']} requests sent one at a time for one token "
         f"each, {path['engine_steps']} engine steps): mean TTFT at the client {path['ttft_s'] * 1e3:.1f} ms "
-        f"less {engine}; request_path_s is that difference, {_NOT_DELAYING}"
+        f"less {engine}; request_path_s is that difference, {_NOT_DELAYING}{split}"
     )
 
 
@@ -195,7 +205,9 @@ def _fit_drafter(out: dict, serving: dict, command: str) -> dict[str, str]:
     }
 
 
-def host_check(serving: dict, host: dict, request_path_s: float | None = None) -> dict[str, dict]:
+def host_check(
+    serving: dict, host: dict, request_path_s: float | None = None, request_path_in_s: float | None = None
+) -> dict[str, dict]:
     """The host model (sim/host.py) against the engine sweep's runs: each run's measured stretch (the
     engines' step wall over their CPU) beside the model's at the run's own measured serving load (the
     stack's busy cores less the engines'), and the same with the other work on the machine added to that
@@ -207,7 +219,9 @@ def host_check(serving: dict, host: dict, request_path_s: float | None = None) -
     serving path's mean latency in each run beside sim/host.py's path_latency of it: at the host model's
     path stretch (the engines' own when both step, for the share of arrivals that find both stepping,
     taken as engines_stepping squared; none otherwise) and at the run's measured step stretch (the
-    premise alone: the path's CPU stretches as the engines' does)."""
+    premise alone: the path's CPU stretches as the engines' does). With the idle way in too
+    (`request_path_in_s`) and runs that recorded theirs, the way in likewise (its share of the path's CPU,
+    sim/host.py path_parts)."""
     out = {}
     for label in serving.get("engine_sweep", []):
         run = serving["engine_steps"][label]
@@ -238,12 +252,20 @@ def host_check(serving: dict, host: dict, request_path_s: float | None = None) -
             def path_ms(cpu_stretch: float, path_cpu: float = path_cpu) -> float:
                 return round(path_latency(request_path_s, path_cpu, cpu_stretch) * 1e3, 2)
 
+            model_stretch = share**2 * two + (1 - share**2) * one
             out[label].update(
                 path_ms=round(timed["path_s"] * 1e3, 2),
-                path_model_ms=path_ms(share**2 * two + (1 - share**2) * one),
+                path_model_ms=path_ms(model_stretch),
                 path_at_measured_stretch_ms=path_ms(run["step_time_s"] / cpu),
                 path_idle_ms=round(request_path_s * 1e3, 2),
             )
+            if request_path_in_s is not None and "path_in_s" in timed:
+                (idle_in, cpu_in), _ = path_parts(request_path_s, request_path_in_s, path_cpu)
+                out[label].update(
+                    path_in_ms=round(timed["path_in_s"] * 1e3, 2),
+                    path_in_model_ms=round(path_latency(idle_in, cpu_in, model_stretch) * 1e3, 2),
+                    path_in_idle_ms=round(idle_in * 1e3, 2),
+                )
     return out
 
 

@@ -17,9 +17,10 @@ those terms so the simulator's host model (sim/host.py) takes them as data:
    token each: their mean TTFT less the engines' mean step wall per request is the serving path's latency
    (the profile's request_path_s, measured on this stack in the same sitting; serving_path), or, when
    every request brought its replica's timing, their mean TTFT less each one's own engine part (received
-   to first token: the split the validation makes). Every run records its mean TTFT in parts
-   (`ttft_split`): the serving path under each run's load, which cost_profile.host_check sets beside
-   the simulator's model of it.
+   to first token: the split the validation makes), split in turn into its way in (sent to the replica's
+   `received`, on the host's shared monotonic clock: request_path_in_s) and the first token's way back.
+   Every run records its mean TTFT in parts (`ttft_split`, with the path's way in and back): the serving
+   path under each run's load, which cost_profile.host_check sets beside the simulator's model of it.
    Then a sweep of runs (--engine-sweep: concurrencies 2 to 12, about 1 to 6 decoding requests per
    replica, and one run with longer prompts) measures the engines themselves: their own counters (steps,
    tokens through the forward, decoding requests per step) beside the engine threads' CPU, their wait for
@@ -162,10 +163,11 @@ def _diff(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
 
 async def _drive(
     base_url: str, model: str, prompts: list[str], max_tokens: int, concurrency: int
-) -> tuple[int, list[float], list[tuple[float, float] | None]]:
+) -> tuple[int, list[float], list[tuple[float, float] | None], list[float | None]]:
     """Stream every prompt (ignore_eos: each runs to max_tokens); returns the tokens generated, each
-    request's time to its first token (from the moment it was sent) and its engine spans (queue, prefill;
-    bench/ttft_split.py) from its replica's timing (None without one)."""
+    request's time to its first token (from the moment it was sent), its engine spans (queue, prefill;
+    bench/ttft_split.py) from its replica's timing and its way in (sent to its replica's `received`
+    stamp: the client and the replicas share this host's monotonic clock), None without a timing."""
     import openai
 
     from bench.ttft_split import engine_spans
@@ -174,10 +176,10 @@ async def _drive(
     client = openai.AsyncOpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=600)
     gate = asyncio.Semaphore(concurrency)
 
-    async def one(prompt: str) -> tuple[int, float, tuple[float, float] | None]:
+    async def one(prompt: str) -> tuple[int, float, tuple[float, float] | None, float | None]:
         timing = None
         async with gate:
-            sent = time.perf_counter()
+            sent, sent_monotonic = time.perf_counter(), time.monotonic()
             stream = await client.completions.create(
                 model=model,
                 prompt=prompt,
@@ -197,11 +199,14 @@ async def _drive(
                 if chunk.usage is not None:
                     tokens = chunk.usage.completion_tokens
             ttft = ttft if ttft is not None else time.perf_counter() - sent
-            return tokens, ttft, engine_spans(timing)
+            received = (timing or {}).get("received")
+            inbound = None if received is None else received - sent_monotonic
+            return tokens, ttft, engine_spans(timing), inbound
 
     try:
         done = await asyncio.gather(*(one(p) for p in prompts))
-        return sum(t for t, _, _ in done), [ttft for _, ttft, _ in done], [e for _, _, e in done]
+        tokens, ttfts, spans, inbound = zip(*done) if done else ((), (), (), ())
+        return sum(tokens), list(ttfts), list(spans), list(inbound)
     finally:
         await client.close()
 
@@ -292,10 +297,11 @@ def measure_serving(models: str, settings: Settings) -> dict:
             max_t: int, streams: int = concurrency, label: str = "", texts: list[str] = prompts
         ) -> tuple[dict, int, float, list[float]]:
             with StepWindow("servingcost") as window:
-                tokens, ttfts, spans = asyncio.run(_drive(base_url, target.name, texts, max_t, streams))
+                drive = _drive(base_url, target.name, texts, max_t, streams)
+                tokens, ttfts, spans, inbound = asyncio.run(drive)
             steps[label] = window.steps
             if label:
-                split[label] = ttft_split(ttfts, spans)
+                split[label] = ttft_split(ttfts, spans, inbound)
             return window.spent, tokens, window.wall_s, ttfts
 
         steps: dict[str, dict] = {}
@@ -355,8 +361,11 @@ def serving_path(ttfts: list[float], steps: dict, split: dict | None = None) -> 
     timing from its replica (`split`, ttft_split), that part is each request's own (received to its first
     token: `engine_s`), the same split the validation makes of the real runs' TTFT; without it, the
     engines' mean step wall per request (each such request is one prefill step; `engine_steps` says how
-    many ran). It is what the simulator adds on a request's way to its replica (the profile's
-    request_path_s), measured on the validation's own stack and in the same sitting as the rest."""
+    many ran). It is the serving path the simulator adds to a request's TTFT (the profile's
+    request_path_s), measured on the validation's own stack and in the same sitting as the rest; when
+    every request also brought its way in (`split`'s path_in_s), the path splits into that
+    (request_path_in_s: the simulator's router sees the request at its end) and the first token's way
+    back (request_path_back_s, the rest)."""
     n = len(ttfts)
     ttft, engine = sum(ttfts) / n, steps["step_time_s"] / n
     out = {
@@ -368,19 +377,28 @@ def serving_path(ttfts: list[float], steps: dict, split: dict | None = None) -> 
     }
     if split is not None and split["requests"] == n:
         out.update(engine_s=split["engine_s"], request_path_s=round(split["path_s"], 4))
+        if "path_in_s" in split:
+            inbound = round(split["path_in_s"], 4)
+            out.update(
+                request_path_in_s=inbound, request_path_back_s=round(out["request_path_s"] - inbound, 4)
+            )
     return out
 
 
-def ttft_split(ttfts: list[float], spans: list[tuple[float, float] | None]) -> dict | None:
+def ttft_split(
+    ttfts: list[float], spans: list[tuple[float, float] | None], inbound: list[float | None] | None = None
+) -> dict | None:
     """A run's mean TTFT in parts over its requests with their replica's timing (bench/ttft_split.py):
-    the engine's (queue, prefill, both) and the serving path's, the rest (None: no request had one)."""
-    timed = [(t, s) for t, s in zip(ttfts, spans) if s is not None]
+    the engine's (queue, prefill, both) and the serving path's, the rest (None: no request had one);
+    when every one of them has its way in (`inbound`), the path's way in and its way back (the rest)."""
+    inbound = inbound if inbound is not None else [None] * len(ttfts)
+    timed = [(t, s, i) for t, s, i in zip(ttfts, spans, inbound) if s is not None]
     if not timed:
         return None
     n = len(timed)
-    queue, prefill = (sum(s[i] for _, s in timed) / n for i in (0, 1))
-    ttft = sum(t for t, _ in timed) / n
-    return {
+    queue, prefill = (sum(s[i] for _, s, _ in timed) / n for i in (0, 1))
+    ttft = sum(t for t, _, _ in timed) / n
+    out = {
         "requests": n,
         "ttft_s": round(ttft, 5),
         "queue_s": round(queue, 5),
@@ -388,6 +406,10 @@ def ttft_split(ttfts: list[float], spans: list[tuple[float, float] | None]) -> d
         "engine_s": round(queue + prefill, 5),
         "path_s": round(ttft - queue - prefill, 5),
     }
+    if all(i is not None for _, _, i in timed):
+        path_in = sum(i for _, _, i in timed) / n
+        out.update(path_in_s=round(path_in, 5), path_back_s=round(ttft - queue - prefill - path_in, 5))
+    return out
 
 
 def sweep_label(concurrency: int, prompt_tokens: int, kind: str = "engine") -> str:

@@ -140,6 +140,7 @@ def validation_lines(validation: dict) -> list[str]:
         )
         paths = [
             f"{k} {v['path_ms']} / {v['path_model_ms']} ({v['path_at_measured_stretch_ms']})"
+            + (f", way in {v['path_in_ms']} / {v['path_in_model_ms']}" if "path_in_ms" in v else "")
             for k, v in checked.items()
             if "path_ms" in v
         ]
@@ -169,7 +170,8 @@ def split_lines(validation: dict) -> list[str]:
     header = ["", "requests", *(f"{title} mean / p50 / p99" for _, title in SPLIT_PARTS), "path in"]
     lines = [
         "TTFT in parts, ms (serving path both ways, engine queue, prefill; real: the replicas' timing; "
-        "path in: of the path, arrival to the replica, real only):\n",
+        "path in: of the path, arrival to the replica; the sim's, the whole path when its profile does not "
+        "split it):\n",
         "| " + " | ".join(header) + " |",
         "|---|" + "---:|" * (len(header) - 1),
     ]

@@ -213,12 +213,15 @@ def measure_profile(models: str, quick: bool, command: str, measurement: Path, p
         recorded = {
             # The host model on the measurement's own engine runs (bench/cost_profile.host_check).
             # The serving path under each run's load too, where the runs recorded it.
-            "host_check": host_check(data["serving"], fresh["host"], fresh["request_path_s"]),
+            "host_check": host_check(
+                data["serving"], fresh["host"], fresh["request_path_s"], fresh.get("request_path_in_s")
+            ),
             "path": _shown(profile_out),
             "measurement": _shown(measurement),
             "measured_at": data["measured_at"],
             "measure_minutes": data["wall_minutes"],
             "request_path_s": fresh["request_path_s"],
+            "request_path_in_s": fresh.get("request_path_in_s"),
             **{k: fresh[k] for k in (*step_fit.TERMS, *step_fit.DRAFT_TERMS)},
         }
         return from_dict(fresh), recorded
@@ -402,6 +405,7 @@ def _run_sim(
             outcome="pending",
             admitted=None,
             scheduled=None,
+            path_back=0.0,
         )
         for r in trace
     ]

@@ -9,8 +9,11 @@ Serve backs off and retries. The engine may still refuse it (KV exhausted): a 42
 Failures kill a replica's requests and bring a fresh replica (new id, no stats yet) after a downtime.
 Replicas of a profile with a host block are placed `host.replicas` to a host, whose cores they share with
 the serving path (sim/host.py); a replacement takes its predecessor's place. There the serving path's
-latency before the router sees a request stretches with the host's contention (sim/host.py); each request
-records when its replica took it and ran its first prompt chunk (TTFT in parts: Request.ttft_parts).
+latency stretches with the host's contention (sim/host.py). A profile that measured the path's way in
+(`request_path_in_s`) has the router see a request at the end of it and the engine's first token reach
+the client the rest of the path later (every later token as much later: TPOT keeps); without it the whole
+path comes before the router. Each request records when its replica took it and ran its first prompt
+chunk (TTFT in parts: Request.ttft_parts).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from deployments.replica_state import RecentRounds
 from dspark.draft_budget import DraftBudget
 from router.policy import Sla
 from sim.events import EventQueue
-from sim.host import Host
+from sim.host import Host, path_parts
 from sim.profiles import Profile
 from sim.replica import Plan, SimReplica
 from sim.routing import PowerOfTwo, RoundRobin, SlaArm
@@ -115,6 +118,7 @@ class Cluster:
         self._last_rounds = (0, 0)
         self.retired: list[SimReplica] = []
         self._finished: dict[str, list[Request]] = {}  # since the last control period, by replica
+        self._inbound, self._back = self._path_parts()
 
     def _add(self, group: Group, replica_id: str) -> SimReplica:
         replica = SimReplica(
@@ -144,13 +148,14 @@ class Cluster:
     # ---- the run ------------------------------------------------------------------------------------
 
     def run(self, until: float, tick: Callable[[float], None] | None = None) -> None:
-        # The serving path (proxy, ingress) before the router sees a request: the fleet's first profile's.
-        path = self.config.fleet[0].profile.request_path_s if self.config.fleet else 0.0
+        # The serving path (client, proxy, ingress, the stream's hops back): the fleet's first profile's.
+        # Its way in ends where the replica receives the request (the router decided on the way); its way
+        # back delays the first token to the client. Unsplit, the whole path comes before the router.
         for req in self.requests:
             if self._path_host is None:  # its own CPUs: the path takes its measured time
-                self.q.at(req.arrival + path, self._route, req)
+                self.q.at(req.arrival + self._inbound[0], self._route, req)
             else:  # on a host: as long as the host's contention makes it when the request arrives
-                self.q.at(req.arrival, self._arrive, req, path)
+                self.q.at(req.arrival, self._arrive, req)
         for replica in self.replicas:
             self._start_publishing(replica)
         for f in self.config.failures:
@@ -165,9 +170,29 @@ class Cluster:
         # than the decision itself. The arms only read it.
         return self.replicas
 
-    def _arrive(self, req: Request, path: float) -> None:
+    def _path_parts(self) -> tuple[tuple[float, float], tuple[float, float]]:
+        """((idle latency, CPU) of the way in, the same of the way back) (sim/host.py path_parts)."""
+        if not self.config.fleet:
+            return (0.0, 0.0), (0.0, 0.0)
+        profile = self.config.fleet[0].profile
+        cpu = profile.host.path_cpu_s if profile.host is not None else 0.0
+        if profile.request_path_in_s is None:
+            return (profile.request_path_s, cpu), (0.0, 0.0)
+        return path_parts(profile.request_path_s, profile.request_path_in_s, cpu)
+
+    def _arrive(self, req: Request) -> None:
         assert self._path_host is not None
-        self.q.after(self._path_host.path_latency(self.q.now, path), self._route, req)
+        self.q.after(self._path_host.path_latency(self.q.now, *self._inbound), self._route, req)
+
+    def _return(self, first: list[Request], done: list[Request]) -> None:
+        """The first token's way back to the client: each request's first token (and so every later one,
+        its finish too) reaches the client that much later; TPOT keeps."""
+        for req in first:
+            host = self._path_host
+            req.path_back = self._back[0] if host is None else host.path_latency(self.q.now, *self._back)
+            req.first_token += req.path_back
+        for req in done:
+            req.finish += req.path_back
 
     def _route(self, req: Request) -> None:
         if req.outcome != "pending":
@@ -229,7 +254,7 @@ class Cluster:
         if host is not None:
             host.stepping -= 1
         tokens = replica.counters.generated_tokens
-        _, done = replica.complete(plan, self.q.now)
+        first, done = replica.complete(plan, self.q.now)
         if host is not None:
             host.serve(self.q.now, tokens=replica.counters.generated_tokens - tokens)
         self.free_slots += len(done)
@@ -238,6 +263,8 @@ class Cluster:
         if done and self.config.controller is not None:
             self._finished.setdefault(replica.replica_id, []).extend(done)
         self._step(replica)
+        if self._back[0] > 0:  # after the replica's next step started: the token goes out beside it
+            self._return(first, done)
         if done and self.waiting:
             self._retry_waiting()
 

@@ -26,7 +26,9 @@ path's idle latency (its measured CPU per request, at most that latency) runs at
 on the host when the request arrives: the engines' own stretch with those stepping then (at least one
 runnable: the hop itself), and the rest of it (waits that are not CPU) as measured (`path_latency`).
 The path's work is placed on the fleet's first host (the measured layout: proxy and ingress beside the
-engines of the one host).
+engines of the one host). A profile that measured the path's way in (`request_path_in_s`) splits it
+(`path_parts`): the way in stretches at the host's contention when the request arrives, the way back
+(the first token to the client) at the contention when the engine produced that token.
 
 The stretch is fixed when a step starts (a fluid approximation: a step that starts alone keeps its speed
 when another starts during it). GPU profiles have no host block: there the step runs on the accelerator
@@ -96,13 +98,14 @@ class Host:
         """How much longer than alone a step starting now runs (with `stepping` counting it)."""
         return stretch(self.load(now), self.cost.cores, self.stepping, self.cost.path_processes)
 
-    def path_latency(self, now: float, idle_s: float) -> float:
-        """The serving path's latency for a request arriving now, `idle_s` at idle (path_latency)."""
+    def path_latency(self, now: float, idle_s: float, cpu_s: float | None = None) -> float:
+        """The serving path's latency (or a part's) starting now: `idle_s` at idle, `cpu_s` of CPU in it
+        (the whole path's, HostCost.path_cpu_s, unless given; path_latency)."""
         if not self.cost.path_stretches:
             return idle_s
         c = self.cost
         cpu_stretch = stretch(self.load(now), c.cores, max(1, self.stepping), c.path_processes)
-        return path_latency(idle_s, c.path_cpu_s, cpu_stretch)
+        return path_latency(idle_s, c.path_cpu_s if cpu_s is None else cpu_s, cpu_stretch)
 
 
 def stretch(load: float, cores: int, stepping: int, path_processes: int) -> float:
@@ -119,3 +122,18 @@ def path_latency(idle_s: float, cpu_s: float, cpu_stretch: float) -> float:
     latency `idle_s`, the CPU part (`cpu_s`, at most all of it) stretches and the rest does not."""
     cpu = min(idle_s, cpu_s)
     return idle_s - cpu + cpu * cpu_stretch
+
+
+def path_parts(
+    path_s: float, inbound_s: float, cpu_s: float
+) -> tuple[tuple[float, float], tuple[float, float]]:
+    """The serving path split into its way in (arrival to the replica) and its way back (the first token to
+    the client): ((idle latency, CPU) in, (idle latency, CPU) back) from the whole path's idle latency
+    `path_s`, its way in's `inbound_s` (cut to the path) and its CPU per request `cpu_s`. The CPU is
+    measured for the whole path only (per process, not per direction), so each part gets its latency's
+    share of it: with the path's CPU at least its latency (as measured) both parts are all CPU, and at
+    any one stretch the two parts' latencies add up to the whole path's (path_latency is linear in it)."""
+    inbound = min(max(0.0, inbound_s), path_s)
+    back = path_s - inbound
+    share = cpu_s / path_s if path_s > 0 else 0.0
+    return (inbound, inbound * share), (back, back * share)

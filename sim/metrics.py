@@ -76,12 +76,19 @@ PARTS = ("path_s", "queue_s", "prefill_s")  # Request.ttft_parts, named
 def ttft_split(requests: Iterable[Request], warmup_s: float, duration_s: float) -> dict:
     """TTFT in its parts (Request.ttft_parts) over the finished requests that arrived in the scored
     window and have them: mean, p50 and p99 of each part (percentiles of parts do not add up to TTFT's;
-    means do)."""
-    parts = [r.ttft_parts for r in requests if warmup_s <= r.arrival < duration_s and r.outcome == "done"]
-    parts = [p for p in parts if p is not None]
+    means do), and of the path's way in (`inbound_s`: arrival to admitted, a simulated request's; a real
+    one's record puts its whole path there, bench/ttft_split.place, so the validation replaces it with
+    its replica's `received` stamp)."""
+    timed = [
+        r
+        for r in requests
+        if warmup_s <= r.arrival < duration_s and r.outcome == "done" and r.ttft_parts is not None
+    ]
+    parts = [r.ttft_parts for r in timed]
     out: dict = {"requests": len(parts)}
     for i, name in enumerate(PARTS):
         out[name] = spread([p[i] for p in parts])
+    out["inbound_s"] = spread([r.admitted - r.arrival for r in timed])
     return out
 
 

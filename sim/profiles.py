@@ -7,8 +7,10 @@ tokens over N decoding requests, n of them drafting, takes
       + (draft_s_per_step + n draft_s_per_request, when anything is drafted)
 
 seconds, times the replica's slow-down factor; a request reaches its replica `request_path_s` after it
-arrives. A profile with a `host` block also shares its host's cores with the serving path, whose
-latency then stretches with the host's contention (sim/host.py).
+arrives, or, when the profile measured the path's way in (`request_path_in_s`), that long after it
+arrives, and its first token reaches the client the rest of the path after the engine produced it.
+A profile with a `host` block also shares its host's cores with the serving path, whose latency then
+stretches with the host's contention (sim/host.py).
 SPS(B) is the engine's own cost table class
 (dspark.cost_table.CostTable: isotonic smoothing, linear interpolation) over the profile's points.
 Acceptance is per position: `acceptance[domain][j-1]` is the probability that drafted token j is
@@ -50,6 +52,10 @@ class Profile:
     # The serving path: its latency to the first token beside the engine's work (proxy, ingress, router,
     # the stream's hops back), and the CPU it takes from the engines' host (None: its own CPUs).
     request_path_s: float = 0.0
+    # Of it, the way in: arrival to the replica receiving the request (the router decides on the way,
+    # the replica admits at its end); the rest is the first token's way back to the client. None: not
+    # measured, the whole path is taken before the router sees the request.
+    request_path_in_s: float | None = None
     host: HostCost | None = None
     sources: tuple[str, ...] = ()
     assumptions: tuple[str, ...] = ()
@@ -124,6 +130,7 @@ def from_dict(data: dict) -> Profile:
         draft_s_per_step=float(data.get("draft_s_per_step", 0.0)),
         draft_s_per_request=float(data.get("draft_s_per_request", 0.0)),
         request_path_s=float(data.get("request_path_s", 0.0)),
+        request_path_in_s=None if data.get("request_path_in_s") is None else float(data["request_path_in_s"]),
         host=HostCost.from_json(data.get("host")),
         sources=tuple(data.get("sources", ())),
         assumptions=tuple(data.get("assumptions", ())),

@@ -84,6 +84,9 @@ class Request:
     # the serving path and any wait in the router's queue) and ran its first prompt chunk (`scheduled`).
     admitted: float | None = None
     scheduled: float | None = None
+    # The first token's way back to the client (the serving path's outbound part), already in
+    # `first_token` and `finish` (the client's view): every token is that much later, so TPOT keeps.
+    path_back: float = 0.0
 
     @property
     def ttft(self) -> float | None:
@@ -91,11 +94,13 @@ class Request:
 
     @property
     def ttft_parts(self) -> tuple[float, float, float] | None:
-        """(serving path, engine queue, prefill) adding up to its TTFT: arrival to admitted, admitted to
-        its first prompt chunk, that chunk to the first token (None before its first token)."""
+        """(serving path, engine queue, prefill) adding up to its TTFT: arrival to admitted plus the first
+        token's way back, admitted to its first prompt chunk, that chunk to the engine's first token (None
+        before its first token)."""
         if self.first_token is None or self.admitted is None or self.scheduled is None:
             return None
-        return self.admitted - self.arrival, self.scheduled - self.admitted, self.first_token - self.scheduled
+        path = self.admitted - self.arrival + self.path_back
+        return path, self.scheduled - self.admitted, self.first_token - self.path_back - self.scheduled
 
     @property
     def tpot(self) -> float | None:

@@ -255,3 +255,59 @@ def test_the_host_check_sets_each_sweep_runs_measured_stretch_beside_the_host_mo
             "path_idle_ms": 20.0,
         }
     }
+    # With the idle way in (16 ms of the 20: 12 ms of its CPU) and the run's own, the way in likewise.
+    serving["ttft_split"]["engine_c2_p48"]["path_in_s"] = 0.024
+    way_in = host_check(serving, host, 0.020, 0.016)["engine_c2_p48"]
+    assert (way_in["path_in_ms"], way_in["path_in_idle_ms"]) == (24.0, 16.0)
+    assert way_in["path_in_model_ms"] == round((0.004 + 0.012 * (0.64 * 2 / 1.3 + 0.36)) * 1e3, 2)
+
+
+def test_with_each_requests_way_in_the_path_splits_into_in_and_back():
+    """The four requests above, received at their replicas 20, 22, 18, 20 ms after they were sent: of the
+    27 ms path, 20 ms is the way in and 7 ms the first token's way back. One request without its way in
+    leaves the run unsplit."""
+    ttfts = [0.040, 0.050, 0.036, 0.034]
+    spans = [(0.004, 0.010), (0.004, 0.012), (0.004, 0.008), (0.004, 0.006)]
+    inbound = [0.020, 0.022, 0.018, 0.020]
+    split = ttft_split(ttfts, spans, inbound)
+    assert split["path_s"] == 0.027 and split["path_in_s"] == 0.02 and split["path_back_s"] == 0.007
+    path = serving_path(ttfts, {"steps": 4, "step_time_s": 0.048}, split)
+    assert (path["request_path_s"], path["request_path_in_s"], path["request_path_back_s"]) == (
+        0.027,
+        0.02,
+        0.007,
+    )
+    unsplit = ttft_split(ttfts, spans, inbound[:3] + [None])
+    assert "path_in_s" not in unsplit and unsplit["path_s"] == 0.027
+    assert "request_path_in_s" not in serving_path(ttfts, {"steps": 4, "step_time_s": 0.048}, unsplit)
+
+
+def test_a_path_run_with_its_way_in_writes_request_path_in_s_and_says_so():
+    """The profile carries the path's way in when the path run measured it (its source gives both parts),
+    and loses an earlier one when a later measurement did not."""
+    root = Path(__file__).resolve().parents[2]
+    committed = json.loads((root / "bench" / "results" / "serving_cost.json").read_text())
+    serve = json.loads((root / "bench" / "results" / "serve_proxy.json").read_text())
+    profile = json.loads((root / "sim" / "profiles" / "cpu_measured.json").read_text())
+    path = {
+        "requests": 16,
+        "engine_steps": 16,
+        "ttft_s": 0.061,
+        "engine_step_s": 0.0195,
+        "engine_s": 0.02,
+        "request_path_s": 0.041,
+        "request_path_in_s": 0.03,
+        "request_path_back_s": 0.011,
+    }
+    serving = {**committed["serving"], "path": path}
+    fresh = derive_profile(profile, serving, serve, "cmd")
+    assert (fresh["request_path_s"], fresh["request_path_in_s"]) == (0.041, 0.03)
+    assert from_dict(fresh).request_path_in_s == 0.03
+    (source,) = [s for s in fresh["sources"] if s.startswith("serving path latency:")]
+    assert (
+        "request_path_in_s 30.0 ms is the way in" in source
+        and "11.0 ms, the first token's way back" in source
+    )
+    unsplit = {k: v for k, v in path.items() if k not in ("request_path_in_s", "request_path_back_s")}
+    again = derive_profile(fresh, {**serving, "path": unsplit}, serve, "cmd")
+    assert "request_path_in_s" not in again and from_dict(again).request_path_in_s is None

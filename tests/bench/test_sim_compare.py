@@ -114,6 +114,9 @@ def test_the_report_shows_both_real_runs_their_spread_the_sim_and_the_steps():
                     "path_model_ms": 36.5,
                     "path_at_measured_stretch_ms": 38.2,
                     "path_idle_ms": 22.0,
+                    "path_in_ms": 30.0,
+                    "path_in_model_ms": 27.5,
+                    "path_in_idle_ms": 16.0,
                 },
             },
         },
@@ -149,7 +152,7 @@ def test_the_report_shows_both_real_runs_their_spread_the_sim_and_the_steps():
     ) in lines
     assert (
         "Serving path on the same runs, mean ms measured / modelled (modelled at the run's measured step "
-        "stretch; 22.0 ms at idle): engine_c8_p48 40.0 / 36.5 (38.2)\n"
+        "stretch; 22.0 ms at idle): engine_c8_p48 40.0 / 36.5 (38.2), way in 30.0 / 27.5\n"
     ) in lines
     header = (
         "|  | requests | serving path mean / p50 / p99 | engine queue mean / p50 / p99 | "

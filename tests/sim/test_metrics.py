@@ -1,5 +1,7 @@
 """sim/metrics.py on hand-built requests: attainment overall and by half of the scored window."""
 
+import pytest
+
 from router.policy import Sla
 from sim.metrics import summarize, ttft_split
 from sim.workload import Request
@@ -54,3 +56,12 @@ def test_ttft_split_summarises_each_part_of_the_scored_finished_requests():
     assert split["path_s"]["mean"] == 0.0115 and split["queue_s"]["mean"] == 0.015
     assert split["prefill_s"]["p50"] == 0.2235 and split["queue_s"]["p99"] == 0.0297
     assert ttft_split([], 2.0, 10.0)["path_s"] == {"mean": None, "p50": None, "p99": None}
+
+
+def test_ttft_split_gives_the_way_in_and_puts_the_way_back_in_the_path():
+    req = request(1, 2.0, 0.1, 0.02)
+    req.admitted, req.scheduled, req.path_back = 2.012, 2.02, 0.005
+    split = ttft_split([req], 2.0, 10.0)
+    assert split["inbound_s"]["mean"] == pytest.approx(0.012, abs=1e-12)
+    assert split["path_s"]["mean"] == pytest.approx(0.017, abs=1e-12)
+    assert split["prefill_s"]["mean"] == pytest.approx(0.1 - 0.02 - 0.005, abs=1e-12)

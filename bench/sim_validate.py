@@ -13,6 +13,11 @@ follow the app's. Reported for each metric: each real run, their spread, simulat
 the engines' steps over each run (their counters) beside the simulated replicas'; and TTFT in parts,
 serving path (both ways), engine queue and prefill: a real request's from its replica's timing on its
 last chunk (bench/ttft_split.py), a simulated one's from its own record (sim.workload.Request.ttft_parts).
+The path's way in (arrival to the replica's `received`) is shown beside it, the real runs' from that stamp
+(the client and the replicas share the host's monotonic clock) and the simulator's from its requests
+(arrival to admitted: with a profile measured by --measure-profile the path splits there, the router
+seeing each request at the end of its way in and the first token reaching the client the way back later;
+an older profile puts the whole path before the router).
 Beside the model as it stands ("sim": the engines share the host with the serving path, whose latency
 stretches with the host's contention, sim/host.py), two variants run on the same trace: the path at its
 idle latency ("sim_path_at_idle") and each engine alone on its core ("sim_engine_alone").

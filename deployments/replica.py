@@ -298,7 +298,7 @@ class TargetReplica:
             log.warning("routing stats unavailable (%r); publishing the last reading", exc)
             return {**self._last_stats, "healthy": False}
         forwards = {name: snap[name] for name in replica_state.FORWARD_COUNTERS}
-        snap |= self._recent.update(*(snap.pop(name) for name in replica_state.COUNTERS))
+        snap |= self._recent.update(*(snap.pop(name) for name in replica_state.COUNTERS), now=snap["ts"])
         snap |= self._forwards.update(**forwards)
         for name in ("steps", "forward_tokens"):  # raw counters: their rates above are what is read
             del snap[name]

@@ -26,7 +26,15 @@ from dspark.sequence import Status
 from dspark.verify_policy import SCHEDULED_MODES
 
 MAX_REMAINING_REPORTED = 64  # the router's retry hint needs the soonest finishers, not all of them
-COUNTERS = ("rounds", "accepted_tokens", "drafted_tokens", "step_time_s", "forward_time_s")
+COUNTERS = (
+    "rounds",
+    "accepted_tokens",
+    "drafted_tokens",
+    "step_time_s",
+    "forward_time_s",
+    "round_time_s",
+    "round_tokens",
+)
 FORWARD_COUNTERS = ("steps", "forward_tokens", "forward_time_s")  # RecentForwards reads these
 
 
@@ -35,8 +43,17 @@ class RecentRounds:
     """Over the steps since the previous reading: tau (tokens gained per verify round), the drafts
     verified per round, and how much longer a step takes than its target forward (drafting, the
     engine's own work). An idle window keeps the last values: the router wants the replica's
-    numbers, not zeros."""
+    numbers, not zeros.
 
+    And the decode steps as their requests lived them (EngineStats.round_time_s): the mean wall time
+    of a step per round, the mean decode tokens of those steps, and `ts` of the reading that measured
+    them. A request's time per output token is that wall over tau, whatever made the steps slow: the
+    prefill chunks they carried, drafting, the serving loop between steps, other work on the machine.
+    The router sets it against its own model of such a step (router/signals.py decode_calibration).
+    That window closes only once it holds `min_rounds` rounds (a few rounds are one odd step's
+    noise) and keeps its last values while idle."""
+
+    min_rounds: int = 16
     rounds: int = 0
     accepted: int = 0
     drafted: int = 0
@@ -45,6 +62,13 @@ class RecentRounds:
     tau: float = 0.0
     mean_verified: float = 0.0
     overhead: float = 1.0
+    # The decode window: counters at its start, and what the last closed one measured.
+    window_rounds: int = 0
+    window_time_s: float = 0.0
+    window_tokens: int = 0
+    round_s: float = 0.0
+    round_tokens: float = 0.0
+    round_ts: float | None = None  # the reading that measured them; None: none yet
 
     def update(
         self,
@@ -53,6 +77,9 @@ class RecentRounds:
         drafted_tokens: int,
         step_time_s: float,
         forward_time_s: float,
+        round_time_s: float = 0.0,
+        round_tokens: int = 0,
+        now: float | None = None,
     ) -> dict:
         d_rounds, d_accepted = rounds - self.rounds, accepted_tokens - self.accepted
         d_drafted = drafted_tokens - self.drafted
@@ -64,10 +91,26 @@ class RecentRounds:
             self.overhead = max(1.0, d_step / d_forward)
         self.rounds, self.accepted, self.drafted = rounds, accepted_tokens, drafted_tokens
         self.step_time_s, self.forward_time_s = step_time_s, forward_time_s
-        return {
+        out = {
             "recent_tau": round(self.tau, 4),
             "mean_verified": round(self.mean_verified, 4),
             "step_overhead": round(self.overhead, 4),
+        }
+        return out | self._decode_window(rounds, round_time_s, round_tokens, now)
+
+    def _decode_window(self, rounds: int, round_time_s: float, round_tokens: int, now: float | None) -> dict:
+        d_rounds = rounds - self.window_rounds
+        if now is not None and d_rounds >= self.min_rounds and round_time_s > self.window_time_s:
+            self.round_s = (round_time_s - self.window_time_s) / d_rounds
+            self.round_tokens = (round_tokens - self.window_tokens) / d_rounds
+            self.round_ts = now
+            self.window_rounds, self.window_time_s, self.window_tokens = rounds, round_time_s, round_tokens
+        if self.round_ts is None:
+            return {}
+        return {
+            "recent_round_s": round(self.round_s, 6),
+            "recent_round_tokens": round(self.round_tokens, 2),
+            "recent_round_ts": self.round_ts,
         }
 
 

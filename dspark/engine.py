@@ -98,6 +98,10 @@ class Engine:
         # reads steps here (dspark/telemetry), so the loop itself never touches a tracer or a meter.
         self.step_observers: list = []
         self.stats = EngineStats()
+        # When the last step ended, while requests were left to run (None: idle since). The time from
+        # there to the next step is the serving loop's own (outputs handed on, calls between steps):
+        # the requests wait it out too, so it counts in their rounds' wall time (EngineStats.round_time_s).
+        self._busy_step_end: float | None = None
         self.draft_guard = DrafterGuard(cfg.vocab_size, config.max_drafter_failures, self.stats)
         self._failures = FailureWindow(config.max_request_failures, config.failure_window_steps)
         # Why this engine should be replaced (set once, never cleared); None while it is healthy.
@@ -267,6 +271,7 @@ class Engine:
 
         items, chunks = self._batch(decoding, proposals, lengths, prefilling, budget)
         if not items:
+            self._busy_step_end = None
             return self._outputs()
         num_tokens = sum(len(item.token_ids) for item in items)
         predicted_s = 1.0 / self.cost_table(num_tokens) if self.cost_table is not None else None
@@ -297,6 +302,9 @@ class Engine:
 
         elapsed = time.perf_counter() - t_start
         self.stats.record_step(elapsed, forward_time, draft_time)
+        between = t_start - self._busy_step_end if self._busy_step_end is not None else 0.0
+        decode_tokens = sum(len(item.token_ids) for item in items[: len(decoding)])
+        self.stats.record_decode(len(decoding), decode_tokens, between + elapsed)
         if self.step_observers:
             rounds = zip(decoding, proposals, lengths, accepted_each, round_.survival)
             self._observe_step(
@@ -313,7 +321,9 @@ class Engine:
                     elapsed,
                 )
             )
-        return self._outputs()
+        outputs = self._outputs()
+        self._busy_step_end = time.perf_counter() if self.seqs else None
+        return outputs
 
     def _observe_step(self, report: StepReport) -> None:
         """Step observers are telemetry: one that raises is dropped (and logged), the step stands."""

@@ -31,6 +31,13 @@ class EngineStats:
     forward_time_s: float = 0.0
     draft_time_s: float = 0.0
     recent_step_ms: deque = field(default_factory=lambda: deque(maxlen=256))
+    # A step as its decoding requests live it, summed over their rounds (each step adds its decoding
+    # requests times): its wall time, from the previous step's end when requests were waiting (the
+    # serving loop's time between steps included), and its decode tokens (anchors and verified drafts).
+    # Over a window, round_time_s / rounds is the wall of a step a decoding request waits per round:
+    # what its time per output token is made of (the router calibrates by it, router/signals.py).
+    round_time_s: float = 0.0
+    round_tokens: int = 0
     # The verify-length scheduler: its budget, the lengths it chose (l -> request-rounds), and in
     # rounds with confidences the accepted drafts it expected (sum of survival) against those accepted.
     draft_budget: DraftBudget = field(default_factory=DraftBudget)
@@ -44,6 +51,12 @@ class EngineStats:
         self.forward_time_s += forward_s
         self.draft_time_s += draft_s
         self.recent_step_ms.append(elapsed_s * 1e3)
+
+    def record_decode(self, decoding: int, decode_tokens: int, wall_s: float) -> None:
+        """A step of `decoding` requests, `decode_tokens` of its forward theirs, `wall_s` long as they
+        waited for it (the step and the serving loop's time before it)."""
+        self.round_time_s += decoding * wall_s
+        self.round_tokens += decoding * decode_tokens
 
     def record_verdict(self, proposed: int, verified: int, accepted: int) -> None:
         """One request's verify round in the speculation counters."""
@@ -103,6 +116,8 @@ class EngineStats:
             "failed_requests": self.failed_requests,
             "drafter_failures": self.drafter_failures,
             "step_time_s": round(self.step_time_s, 4),
+            "round_time_s": round(self.round_time_s, 4),
+            "round_tokens": self.round_tokens,
             "forward_time_s": round(self.forward_time_s, 4),
             "draft_time_s": round(self.draft_time_s, 4),
             "overhead_fraction": round(self.overhead_fraction, 4),

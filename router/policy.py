@@ -16,6 +16,13 @@ its requests advances once per step, so
 
 where p is the prefill a step carries beside the decoding tokens (below; 0 on a replica no prompt reaches).
 
+Calibration. What the table and the overhead leave out, the requests still wait for: the prefill chunks
+in their steps (p above, when not predicted), the serving loop between steps, other replicas and threads
+on the same cores. The replica measures the wall time its decoding requests waited per round and the
+decode tokens of those steps; the ratio of that to the model's step at those tokens (`Speed.calibration`,
+bounded, 1 when unmeasured or old: router/signals.py decode_calibration) scales the decode-only TPOT, so
+a replica is predicted as it runs now: a slow or contended one as slow as it has been.
+
 (The replica's throughput is n times that: the "/batch" of aggregate throughput is the n inside SPS.)
 The batch slows everyone twice: B grows with n, and the verify length l the replica can afford shrinks.
 How l is chosen mirrors the engine: the DSpark scheduler picks the l that maximises the step's expected
@@ -140,6 +147,10 @@ class Speed:
     step_draft_cap: int | None = None  # the most drafts one step verifies over the batch
     adaptive: bool = True  # DSpark scheduler (l maximises tau * SPS) or a fixed window (l = cap)
     overhead: float = 1.0  # step time / forward time: drafting and the engine's own work
+    # A decode step's measured wall time over the model's (router/signals.py decode_calibration): what
+    # the requests also wait for, that the model above leaves out (the prefill chunks in their steps,
+    # the serving loop between steps, contention). Scales the decode-only TPOT (module docstring).
+    calibration: float = 1.0
     class_caps: Mapping[str, int] = field(default_factory=dict)  # SLA class -> its own draft cap
     # verify_length and tpot are pure in (speed, batch, class): remembered per Speed, which the router
     # keeps for as long as the replica's stats do not change, so most decisions only look them up.
@@ -357,8 +368,10 @@ def tpot(speed: Speed, batch: int, sla_class: str | None = None, prefill: float 
         seconds = speed._memo.get(key)
         if seconds is None:
             decode, gain = decode_round(speed, batch, sla_class)
-            seconds = speed._memo[key] = step_time(speed, decode) / gain
+            seconds = speed._memo[key] = speed.calibration * step_time(speed, decode) / gain
         return seconds
+    # Not calibrated: the prefill is predicted here, and the calibration, measured against decode tokens
+    # alone, holds the recent prefill already (it would count twice).
     decode, gain = decode_round(speed, batch, sla_class)
     return step_time(speed, min(speed.max_batch_tokens, decode + prefill)) / gain
 

@@ -32,7 +32,7 @@ import math
 from collections.abc import Collection, Container, Mapping
 from dataclasses import dataclass, field, replace
 
-from router.policy import Newcomer, ReplicaState, Sla, Speed, SpsTable, pages_for, tau
+from router.policy import Newcomer, ReplicaState, Sla, Speed, SpsTable, pages_for, step_time, tau
 
 
 def fit_acceptance(recent_tau: float, mean_verified: float, prior: float) -> float:
@@ -71,9 +71,35 @@ def sps_scale(table: SpsTable, stats: Mapping) -> float:
     return min(MAX_SPS_SCALE, max(MIN_SPS_SCALE, measured / table(tokens)))
 
 
+MIN_CALIBRATION, MAX_CALIBRATION = 0.5, 4.0  # a measured decode step further off is not trusted
+CALIBRATION_MAX_AGE_S = 60.0  # a measurement older than this (a replica idle since) is not used
+
+
+def decode_calibration(speed: Speed, stats: Mapping) -> float:
+    """The measured wall time of the replica's recent decode steps over what `speed` predicts for a
+    step of their decode tokens (1 when none was measured, or not within CALIBRATION_MAX_AGE_S of the
+    stats' own time).
+
+    The model prices a decode step from the cost table: its decode tokens' forward, stretched by the
+    measured step / forward time. The requests also wait for what it leaves out: the prefill chunks
+    their steps carry, the serving loop between steps, other replicas and threads on the same cores.
+    The replica measures the wall time its decoding requests waited per round
+    (deployments/replica_state.py RecentRounds); the ratio carries that into every TPOT the policy
+    predicts for it, at the load and contention it runs under now."""
+    measured = float(stats.get("recent_round_s", 0.0))
+    tokens = float(stats.get("recent_round_tokens", 0.0))
+    at = stats.get("recent_round_ts")
+    if measured <= 0 or tokens <= 0 or at is None:
+        return 1.0
+    if float(stats.get("ts", at)) - float(at) > CALIBRATION_MAX_AGE_S:
+        return 1.0
+    return min(MAX_CALIBRATION, max(MIN_CALIBRATION, measured / step_time(speed, tokens)))
+
+
 def speed_of(stats: Mapping, prior_acceptance: float) -> Speed | None:
     """A replica's Speed from its stats; None when they lack a cost table (no prediction possible).
-    The table is scaled to the forward rate the replica measured recently (`sps_scale`)."""
+    The table is scaled to the forward rate the replica measured recently (`sps_scale`), and decode
+    steps to their measured wall time (`decode_calibration`)."""
     table = stats.get("sps_table")
     if not table:
         return None
@@ -85,7 +111,7 @@ def speed_of(stats: Mapping, prior_acceptance: float) -> Speed | None:
     window = stats.get("draft_window", 0)
     cap = window if budget.get("max_request_tokens") is None else min(window, budget["max_request_tokens"])
     by_class = {name: min(window, n) for name, n in (budget.get("max_request_tokens_by_class") or {}).items()}
-    return Speed(
+    speed = Speed(
         sps=sps,
         max_batch_tokens=int(stats.get("max_num_batched_tokens", table[-1][0])),
         acceptance=fit_acceptance(
@@ -97,6 +123,8 @@ def speed_of(stats: Mapping, prior_acceptance: float) -> Speed | None:
         overhead=max(1.0, float(stats.get("step_overhead", 1.0))),
         class_caps=by_class,
     )
+    calibration = decode_calibration(speed, stats)
+    return speed if calibration == 1.0 else replace(speed, calibration=calibration)
 
 
 PREFILL_RATE_HALF_LIFE_S = 2.0  # a few seconds of arrivals: one stats period holds only a few prompts

@@ -76,6 +76,8 @@ class Counters:
     finished_requests: int = 0
     step_time_s: float = 0.0
     forward_time_s: float = 0.0
+    round_time_s: float = 0.0  # a step's seconds times its decoding requests (steps run back to back)
+    round_tokens: int = 0  # its decode tokens (anchors and verified drafts) times its decoding requests
     # Beside the engine's own counters, the model's view of the same steps: tokens through the forward,
     # and the steps' time alone on a core (step_time_s less the host's stretch: the engine thread's CPU).
     forward_tokens: int = 0
@@ -246,6 +248,8 @@ class SimReplica:
             if s.generated >= req.max_tokens:
                 done.append(self._finish(s, now))
         c.rounds += rounds
+        c.round_time_s += rounds * plan.seconds
+        c.round_tokens += rounds * (rounds + drafted)
         c.drafted_tokens += drafted
         c.accepted_tokens += accepted_total
         c.generated_tokens += rounds + accepted_total

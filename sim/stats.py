@@ -1,7 +1,9 @@
 """What a simulated replica publishes for the router: deployments/replica_state.py's snapshot, key for key.
 
 The real replica builds it from its Engine; here it comes from the SimReplica's state and counters, with
-the recent-rounds rates computed by the real deployments.replica_state.RecentRounds.
+the recent-rounds rates computed by the real deployments.replica_state.RecentRounds (among them the
+measured wall time of a decode step per round, from the simulated steps' own times, which the router
+calibrates its TPOT by).
 """
 
 from __future__ import annotations
@@ -36,7 +38,16 @@ def snapshot(replica: SimReplica, recent: RecentRounds, now: float) -> dict:
         "finished_requests": c.finished_requests,
         "aborted_requests": 0,
         **{name: getattr(c, name) for name in COUNTERS},
-        **recent.update(c.rounds, c.accepted_tokens, c.drafted_tokens, c.step_time_s, c.forward_time_s),
+        **recent.update(
+            c.rounds,
+            c.accepted_tokens,
+            c.drafted_tokens,
+            c.step_time_s,
+            c.forward_time_s,
+            c.round_time_s,
+            c.round_tokens,
+            now,
+        ),
         "draft_window": replica.gamma,
         "adaptive_verify": replica.scheduler in SCHEDULED_MODES,
         "draft_budget": replica.budget.to_dict(),

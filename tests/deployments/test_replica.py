@@ -81,6 +81,8 @@ async def stream_in_background(replica, request_id: str) -> asyncio.Task:
 
 
 def test_routing_stats_and_tau_window(replica):
+    replica._recent.min_rounds = 1  # one short request's rounds close the decode window
+
     async def run():
         before = await replica.record_routing_stats()
         start = forward_counters()
@@ -106,6 +108,14 @@ def test_routing_stats_and_tau_window(replica):
     assert after["recent_forward_tokens"] == round(tokens / steps, 2)
     assert after["recent_forward_sps"] == round(steps / seconds, 3)
     assert "steps" not in after and "forward_tokens" not in after
+    # Its decode steps as it waited for them: the router calibrates its TPOT by these.
+    stats = replica.engine.engine.stats
+    assert "recent_round_s" not in before  # nothing decoded yet: nothing published
+    assert after["recent_round_s"] == round(stats.round_time_s / stats.rounds, 6) > 0
+    assert after["recent_round_tokens"] == round(stats.round_tokens / stats.rounds, 2)
+    assert after["recent_round_ts"] == after["ts"]
+    # One request: each step's decode tokens are its anchor and the drafts it verified.
+    assert stats.round_tokens == stats.rounds + stats.drafted_tokens
 
 
 def test_recent_rounds_keep_their_values_when_idle():
@@ -119,6 +129,28 @@ def test_recent_rounds_keep_their_values_when_idle():
         "mean_verified": 1.0,
         "step_overhead": 1.0,
     }
+
+
+def test_recent_rounds_measure_the_decode_steps_wall_per_round_over_enough_rounds():
+    recent = RecentRounds(min_rounds=8)
+    speed = {"recent_tau": 2.0, "mean_verified": 2.0, "step_overhead": 1.5}
+    assert recent.update(4, 4, 8, 3.0, 2.0, 0.4, 40, now=1.0) == speed  # 4 rounds: too few, not yet
+    # 10 rounds in all waited 1.2 s of steps, 100 decode tokens of steps counted per round.
+    first = recent.update(10, 10, 20, 4.0, 3.0, 1.2, 100, now=2.0)
+    assert {k: first[k] for k in ("recent_round_s", "recent_round_tokens", "recent_round_ts")} == {
+        "recent_round_s": 0.12,
+        "recent_round_tokens": 10.0,
+        "recent_round_ts": 2.0,
+    }
+    idle = recent.update(10, 10, 20, 4.0, 3.0, 1.2, 100, now=9.0)
+    assert idle["recent_round_s"] == 0.12 and idle["recent_round_ts"] == 2.0  # idle: kept, with its time
+    # 8 more rounds at 0.05 s and 4 tokens each: a new window.
+    after = recent.update(18, 10, 20, 5.0, 4.0, 1.6, 132, now=10.0)
+    assert (after["recent_round_s"], after["recent_round_tokens"], after["recent_round_ts"]) == (
+        0.05,
+        4.0,
+        10.0,
+    )
 
 
 def test_recent_forwards_measure_the_forward_rate_at_its_mean_size():

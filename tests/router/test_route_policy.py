@@ -92,6 +92,39 @@ def test_tpot_is_tau_times_sps_at_the_batch_tokens():
     assert tpot(overhead, 16) == pytest.approx(1.5 / TABLE(16))
 
 
+def test_a_calibrated_replica_is_predicted_as_slow_as_it_measured():
+    # Its decode steps measured 1.5x the model's: every decode-only TPOT 1.5x, the verify length as
+    # before (a constant factor moves no maximum); the first token is priced by the prefill model.
+    slow = replace(FAST, calibration=1.5)
+    for batch in (1, 16, 64):
+        assert verify_length(slow, batch) == verify_length(FAST, batch)
+        assert tpot(slow, batch) == pytest.approx(1.5 * tpot(FAST, batch))
+    newcomer = request(Sla("interactive", ttft_s=60.0, tpot_s=0.05))
+    measured, modelled = (
+        predict(replica("a", slow, running=4), newcomer),
+        predict(replica("a", running=4), newcomer),
+    )
+    assert measured.tpot_s == pytest.approx(1.5 * modelled.tpot_s)
+    assert measured.tpot_others_s == pytest.approx(1.5 * modelled.tpot_others_s)
+    assert measured.ttft_s == modelled.ttft_s
+    # Predicting the prefill in the steps itself, the calibration (which holds the recent prefill) is
+    # not applied on top of it.
+    assert tpot(slow, 16, prefill=100.0) == tpot(FAST, 16, prefill=100.0)
+
+
+def test_a_replica_measured_slower_than_its_table_loses_the_tight_requests():
+    # Same table, same load; one measured its decode steps 1.5x slower than the table says. A TPOT
+    # target between the two predictions: only the measured-fast one meets it.
+    fast, slow = replica("fast", FAST, running=4), replica("slow", replace(FAST, calibration=1.5), running=4)
+    target = 1.25 * tpot(FAST, 5)
+    tight = request(Sla("interactive", ttft_s=60.0, tpot_s=target, may_shed=True))
+    for seed in range(5):
+        decision = decide([slow, fast], tight, CONFIG, random.Random(seed))
+        assert decision.ranking == ("fast", "slow") and decision.reason == "meets the SLA"
+    # Both slow: no replica meets it, and a class that may shed is refused.
+    assert decide([slow, replace(slow, replica_id="slow2")], tight, CONFIG, random.Random(0)).action == "shed"
+
+
 def test_ttft_counts_the_step_in_flight_and_the_prefill_ahead():
     # Idle: one step of the 100-token prompt.
     assert ttft(replica("a", PLAIN), 100) == pytest.approx(1 / TABLE(100))

@@ -10,11 +10,15 @@ import pytest
 
 from router import decisions
 from router.balancer import PREFIX_MEMORY_S, Balancer
-from router.policy import Newcomer, PolicyConfig, PromptPages, Sla, tau
+from router.policy import Newcomer, PolicyConfig, PromptPages, Sla, predict, step_time, tau
 from router.signals import (
+    CALIBRATION_MAX_AGE_S,
+    MAX_CALIBRATION,
     MAX_SPS_SCALE,
+    MIN_CALIBRATION,
     PREFILL_RATE_HALF_LIFE_S,
     Ledger,
+    decode_calibration,
     fit_acceptance,
     replica_state,
     speed_of,
@@ -89,6 +93,49 @@ def test_the_table_is_scaled_to_the_forward_rate_the_replica_measured():
     assert speed_of(stats(10.0), 0.5).sps(1) == 100.0
     wild = stats(10.0, recent_forward_tokens=128.0, recent_forward_sps=6000.0)
     assert speed_of(wild, 0.5).sps(1) == pytest.approx(100.0 * MAX_SPS_SCALE)
+
+
+def test_decode_steps_are_calibrated_to_the_wall_time_the_replica_measured():
+    base = speed_of(stats(10.0), 0.5)
+    # The replica's decoding requests waited 1.5x the model's step at their 24 decode tokens per round.
+    measured = 1.5 * step_time(base, 24.0)
+    slow = stats(10.0, recent_round_s=measured, recent_round_tokens=24.0, recent_round_ts=9.0)
+    assert decode_calibration(base, slow) == pytest.approx(1.5)
+    speed = speed_of(slow, 0.5)
+    assert speed.calibration == pytest.approx(1.5) and speed.sps(1) == base.sps(1)
+    # So it is predicted 1.5x slower: the newcomer's TPOT and its residents'.
+    newcomer = Newcomer(prompt_tokens=30, max_tokens=40, sla=STANDARD)
+    as_measured = predict(replica_state("r", slow, speed, CLASSES, STANDARD, 0.0), newcomer)
+    as_modelled = predict(replica_state("r", stats(10.0), base, CLASSES, STANDARD, 0.0), newcomer)
+    assert as_measured.tpot_s == pytest.approx(1.5 * as_modelled.tpot_s)
+    assert as_measured.tpot_others_s == pytest.approx(1.5 * as_modelled.tpot_others_s)
+    # Measured against the model as it stands (the forward-rate scale and the overhead included): the
+    # calibrated step is the measured one whatever those say.
+    scaled = {
+        **slow,
+        "recent_forward_tokens": 24.0,
+        "recent_forward_sps": 2 * base.sps(24.0),
+        "step_overhead": 2.0,
+    }
+    assert step_time(speed_of(scaled, 0.5), 24.0) * speed_of(scaled, 0.5).calibration == pytest.approx(
+        measured
+    )
+
+
+def test_an_absent_old_or_wild_decode_measurement_falls_back_or_is_clamped():
+    base = speed_of(stats(10.0), 0.5)
+    assert speed_of(stats(10.0), 0.5).calibration == 1.0  # nothing measured yet: the model alone
+    at = 1.5 * step_time(base, 24.0)
+    old = stats(
+        100.0, recent_round_s=at, recent_round_tokens=24.0, recent_round_ts=100.0 - CALIBRATION_MAX_AGE_S - 1
+    )
+    assert speed_of(old, 0.5).calibration == 1.0  # idle for a minute: no longer trusted
+    recent = {**old, "recent_round_ts": 100.0 - CALIBRATION_MAX_AGE_S + 1}
+    assert speed_of(recent, 0.5).calibration == pytest.approx(1.5)
+    wild = {**recent, "recent_round_s": 100 * at}
+    assert speed_of(wild, 0.5).calibration == MAX_CALIBRATION
+    assert speed_of({**recent, "recent_round_s": at / 100}, 0.5).calibration == MIN_CALIBRATION
+    assert speed_of({**recent, "recent_round_tokens": 0.0}, 0.5).calibration == 1.0
 
 
 def test_ledger_adds_what_the_snapshot_does_not_hold_and_removes_what_finished_but_it_still_holds():

@@ -231,15 +231,27 @@ def replica_stats() -> dict[str, dict]:
     return {s["replica_id"]: s for s in asyncio.run(routing_stats(APP, "TargetReplica"))}
 
 
+SPEED_SIGNALS = ("recent_tau", "mean_verified", "step_overhead", "recent_round_s", "recent_round_tokens")
+
+
 def replica_report(before: dict[str, dict], after: dict[str, dict]) -> dict[str, dict]:
     """Per replica over an arm: which kind it is, what it finished, and the speed signals the SLA
-    router predicts from (tau, drafts verified per round, step time / forward time), to check
-    where the load went and whether the predictions could have been right."""
+    router predicts from (tau, drafts verified per round, step time / forward time, the decode steps'
+    measured wall time per round and their decode tokens, and the calibration the router derives from
+    them: router/signals.py decode_calibration), to check where the load went and whether the
+    predictions could have been right."""
+    from router.signals import speed_of
+
+    def calibration(stats: dict) -> float | None:
+        speed = speed_of(stats, 0.0)  # the calibration does not depend on the acceptance prior
+        return None if speed is None else round(speed.calibration, 3)
+
     return {
         rid: {
             "kind": engine_kind(bool(s.get("draft_window")), s.get("max_num_seqs", 0)),
             "finished": s.get("finished_requests", 0) - before.get(rid, {}).get("finished_requests", 0),
-            **{k: s.get(k) for k in ("recent_tau", "mean_verified", "step_overhead")},
+            **{k: s.get(k) for k in SPEED_SIGNALS},
+            "decode_calibration": calibration(s),
         }
         for rid, s in after.items()
     }

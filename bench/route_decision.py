@@ -77,6 +77,11 @@ def synthetic_stats(index: int, rng: random.Random, ts: float) -> dict:
         "recent_tau": rng.uniform(2.5, 4.5) if speculative else 1.0,
         "mean_verified": rng.uniform(4.0, 7.0) if speculative else 0.0,
         "step_overhead": rng.uniform(1.0, 1.3),
+        # The decode steps as measured: a round's wall time at its decode tokens (the router calibrates by
+        # it, so every replica's TPOT is predicted through that path).
+        "recent_round_s": rng.uniform(1.0, 1.6) * (1 + 8 * running / 256) / base_sps,
+        "recent_round_tokens": float(8 * max(1, running)),
+        "recent_round_ts": ts,
         "draft_window": 7 if speculative else 0,
         "adaptive_verify": speculative,
         "draft_budget": {"max_step_tokens": None, "max_request_tokens": 7, "max_request_tokens_by_class": {}},

@@ -53,7 +53,7 @@ class RecentRounds:
     That window closes only once it holds `min_rounds` rounds (a few rounds are one odd step's
     noise) and keeps its last values while idle."""
 
-    min_rounds: int = 16
+    min_rounds: int = 32
     rounds: int = 0
     accepted: int = 0
     drafted: int = 0

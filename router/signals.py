@@ -32,7 +32,7 @@ import math
 from collections.abc import Collection, Container, Mapping
 from dataclasses import dataclass, field, replace
 
-from router.policy import Newcomer, ReplicaState, Sla, Speed, SpsTable, pages_for, step_time, tau
+from router.policy import Newcomer, ReplicaState, Sla, Speed, SpsTable, pages_for, tau
 
 
 def fit_acceptance(recent_tau: float, mean_verified: float, prior: float) -> float:
@@ -71,13 +71,14 @@ def sps_scale(table: SpsTable, stats: Mapping) -> float:
     return min(MAX_SPS_SCALE, max(MIN_SPS_SCALE, measured / table(tokens)))
 
 
-MIN_CALIBRATION, MAX_CALIBRATION = 0.5, 4.0  # a measured decode step further off is not trusted
+MIN_CALIBRATION, MAX_CALIBRATION = 0.25, 4.0  # a measured decode step further off is not trusted
 CALIBRATION_MAX_AGE_S = 60.0  # a measurement older than this (a replica idle since) is not used
 
 
-def decode_calibration(speed: Speed, stats: Mapping) -> float:
-    """The measured wall time of the replica's recent decode steps over what `speed` predicts for a
-    step of their decode tokens (1 when none was measured, or not within CALIBRATION_MAX_AGE_S of the
+def decode_calibration(sps: SpsTable, overhead: float, stats: Mapping) -> float:
+    """The measured wall time of the replica's recent decode steps over what the model (its table
+    `sps`, as scaled, stretched by `overhead`: policy.step_time) predicts for a step of their decode
+    tokens (1 when none was measured, or not within CALIBRATION_MAX_AGE_S of the
     stats' own time).
 
     The model prices a decode step from the cost table: its decode tokens' forward, stretched by the
@@ -93,7 +94,7 @@ def decode_calibration(speed: Speed, stats: Mapping) -> float:
         return 1.0
     if float(stats.get("ts", at)) - float(at) > CALIBRATION_MAX_AGE_S:
         return 1.0
-    return min(MAX_CALIBRATION, max(MIN_CALIBRATION, measured / step_time(speed, tokens)))
+    return min(MAX_CALIBRATION, max(MIN_CALIBRATION, measured * sps(tokens) / overhead))
 
 
 def speed_of(stats: Mapping, prior_acceptance: float) -> Speed | None:
@@ -111,7 +112,8 @@ def speed_of(stats: Mapping, prior_acceptance: float) -> Speed | None:
     window = stats.get("draft_window", 0)
     cap = window if budget.get("max_request_tokens") is None else min(window, budget["max_request_tokens"])
     by_class = {name: min(window, n) for name, n in (budget.get("max_request_tokens_by_class") or {}).items()}
-    speed = Speed(
+    overhead = max(1.0, float(stats.get("step_overhead", 1.0)))
+    return Speed(
         sps=sps,
         max_batch_tokens=int(stats.get("max_num_batched_tokens", table[-1][0])),
         acceptance=fit_acceptance(
@@ -120,11 +122,10 @@ def speed_of(stats: Mapping, prior_acceptance: float) -> Speed | None:
         draft_cap=cap,
         step_draft_cap=budget.get("max_step_tokens"),
         adaptive=bool(stats.get("adaptive_verify", False)),
-        overhead=max(1.0, float(stats.get("step_overhead", 1.0))),
+        overhead=overhead,
+        calibration=decode_calibration(sps, overhead, stats),
         class_caps=by_class,
     )
-    calibration = decode_calibration(speed, stats)
-    return speed if calibration == 1.0 else replace(speed, calibration=calibration)
 
 
 PREFILL_RATE_HALF_LIFE_S = 2.0  # a few seconds of arrivals: one stats period holds only a few prompts

@@ -100,7 +100,7 @@ def test_decode_steps_are_calibrated_to_the_wall_time_the_replica_measured():
     # The replica's decoding requests waited 1.5x the model's step at their 24 decode tokens per round.
     measured = 1.5 * step_time(base, 24.0)
     slow = stats(10.0, recent_round_s=measured, recent_round_tokens=24.0, recent_round_ts=9.0)
-    assert decode_calibration(base, slow) == pytest.approx(1.5)
+    assert decode_calibration(base.sps, base.overhead, slow) == pytest.approx(1.5)
     speed = speed_of(slow, 0.5)
     assert speed.calibration == pytest.approx(1.5) and speed.sps(1) == base.sps(1)
     # So it is predicted 1.5x slower: the newcomer's TPOT and its residents'.

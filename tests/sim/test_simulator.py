@@ -143,7 +143,7 @@ def test_the_real_router_and_scheduler_decide(monkeypatch):
 # the policy, or of the simulated replicas whose stats it reads). Changed by the decode calibration
 # (router/signals.py decode_calibration): the replicas publish their decode steps' measured time, and
 # the predicted TPOTs follow it.
-PINNED_DECISIONS = (182, "3a57e4a87706c7e9d73f1f4a77bc1019eb190281f1b906a4890fbd459034d2dd")
+PINNED_DECISIONS = (182, "8ae1e53e88a23bedd5ef97b41fc36b97f55eb10806faeb81309ffd513644cfd0")
 
 
 def test_the_routers_decisions_on_a_seeded_trace_are_the_pinned_ones(monkeypatch):

@@ -7,7 +7,8 @@ What the SLA router (router/policy.py) reads from a snapshot: the load (running 
 queued prefill tokens, KV pages, max_num_seqs, tokens each request has left, and the route keys of the
 requests it holds), the speed (the SPS table, the step's token budget, the draft window and budget,
 whether verify lengths adapt to the table, and over the recent rounds tau, the drafts verified per
-round and step time / forward time), the SLA classes running, and `ts`, when the snapshot was taken
+round, step time / forward time and the wall time a decoding request waited per round), the SLA
+classes running, and `ts`, when the snapshot was taken
 (the router ages signals by it). With prefix caching the snapshot names the cached prompt pages, so a
 router can predict the prefill a prompt would skip on each replica (`prefix_cache`).
 """

@@ -32,6 +32,10 @@ setting replays the same schedules (the seed fixes them).
     python bench/route.py --models models            # the full run: ~23 minutes on an idle 2-core box
     python bench/route.py --models models --quick    # a smoke run: 1 repeat, 2 short load points
 
+With --calibrate-tpot the SLA router scales each replica's predicted TPOT by its measured decode steps
+(router/policy.py PolicyConfig.calibrate_tpot; off by default); every arm's replica report shows the
+calibration it would apply (`decode_calibration`) either way.
+
 Every request is traced (unless --no-trace): every process exports its spans to an OTLP receiver in
 this process, in every arm alike. The SLA router's decision event holds its predicted TTFT and TPOT for
 each replica; per arm and replica, `predicted_vs_realised` sets them against what the client measured
@@ -120,6 +124,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="no request traces: no predicted-vs-realised calibration (every arm traces alike otherwise)",
     )
+    p.add_argument(
+        "--calibrate-tpot",
+        action="store_true",
+        help="the SLA router scales its TPOT by each replica's measured decode steps (router_options)",
+    )
     p.add_argument("--quick", action="store_true", help="smoke run: 1 repeat, 2 load points, short windows")
     p.add_argument("--out", type=Path, default=RESULTS / "route.json")
     args = p.parse_args(argv)
@@ -178,7 +187,7 @@ def app_args(
             for i, t in enumerate(targets)
         },
         "default_sla_class": "batch",
-        "router_options": {"seed": args.seed},
+        "router_options": {"seed": args.seed, "calibrate_tpot": args.calibrate_tpot},
         **({"telemetry": telemetry} if otlp else {}),
     }
 
@@ -569,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
             "traced": "every request, every arm (spans to an OTLP receiver here)" if receiver else "no",
             "engines_by_rank": {s: engines_of(args, s) for s in args.settings},
             "max_ongoing_requests": args.max_num_seqs,
+            "sla_router_calibrates_tpot": args.calibrate_tpot,
             "load_x_capacity": args.load,
             "window_s": args.window_s,
             "warmup_s": args.warmup_s,

@@ -111,7 +111,8 @@ def measure(
     """Decision times (ms) over `decisions` requests of the two classes at `num_replicas` replicas."""
     rng = random.Random(seed)
     slas = classes_of(DEFAULT_CLASSES)
-    balancer = Balancer(PolicyConfig(stale_after_s=1.0), slas, DEFAULT_CLASS, seed=seed)
+    # Calibrated (router_options calibrate_tpot): the decisions take the measured-decode path too.
+    balancer = Balancer(PolicyConfig(stale_after_s=1.0, calibrate_tpot=True), slas, DEFAULT_CLASS, seed=seed)
     now = 1_000.0
     stats = {f"r{i}": synthetic_stats(i, rng, now) for i in range(num_replicas)}
     requests = []

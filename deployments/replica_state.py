@@ -55,6 +55,7 @@ class RecentRounds:
     noise) and keeps its last values while idle."""
 
     min_rounds: int = 32
+    half_life_s: float = 2.0  # the decode measurement's smoothing
     rounds: int = 0
     accepted: int = 0
     drafted: int = 0
@@ -102,8 +103,14 @@ class RecentRounds:
     def _decode_window(self, rounds: int, round_time_s: float, round_tokens: int, now: float | None) -> dict:
         d_rounds = rounds - self.window_rounds
         if now is not None and d_rounds >= self.min_rounds and round_time_s > self.window_time_s:
-            self.round_s = (round_time_s - self.window_time_s) / d_rounds
-            self.round_tokens = (round_tokens - self.window_tokens) / d_rounds
+            seconds = (round_time_s - self.window_time_s) / d_rounds
+            tokens = (round_tokens - self.window_tokens) / d_rounds
+            if self.round_ts is None:
+                self.round_s, self.round_tokens = seconds, tokens
+            else:  # smoothed over a few seconds: a window of a busy replica may be a single step
+                weight = 1.0 - 0.5 ** ((now - self.round_ts) / self.half_life_s)
+                self.round_s += weight * (seconds - self.round_s)
+                self.round_tokens += weight * (tokens - self.round_tokens)
             self.round_ts = now
             self.window_rounds, self.window_time_s, self.window_tokens = rounds, round_time_s, round_tokens
         if self.round_ts is None:

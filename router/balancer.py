@@ -151,7 +151,7 @@ class Balancer:
         if parsed is None or parsed.version != version:
             # First sight of this snapshot: it was taken no later than now, whatever the replica's clock.
             snapshot_at = min(float(version), now) if version is not None else -math.inf
-            speed = speed_of(stats, self.prior_acceptance) if stats else None
+            speed = speed_of(stats, self.prior_acceptance, self.config.calibrate_tpot) if stats else None
             admitted = prompt_tokens_admitted(stats) if stats else None
             rate = _prefill_rate(parsed, version, admitted)
             base = replica_state(replica_id, stats, speed, self.classes, self.default, math.inf, rate or 0.0)

@@ -97,10 +97,10 @@ def decode_calibration(sps: SpsTable, overhead: float, stats: Mapping) -> float:
     return min(MAX_CALIBRATION, max(MIN_CALIBRATION, measured * sps(tokens) / overhead))
 
 
-def speed_of(stats: Mapping, prior_acceptance: float) -> Speed | None:
+def speed_of(stats: Mapping, prior_acceptance: float, calibrate: bool = True) -> Speed | None:
     """A replica's Speed from its stats; None when they lack a cost table (no prediction possible).
-    The table is scaled to the forward rate the replica measured recently (`sps_scale`), and decode
-    steps to their measured wall time (`decode_calibration`)."""
+    The table is scaled to the forward rate the replica measured recently (`sps_scale`), and with
+    `calibrate` decode steps to their measured wall time (`decode_calibration`)."""
     table = stats.get("sps_table")
     if not table:
         return None
@@ -123,7 +123,7 @@ def speed_of(stats: Mapping, prior_acceptance: float) -> Speed | None:
         step_draft_cap=budget.get("max_step_tokens"),
         adaptive=bool(stats.get("adaptive_verify", False)),
         overhead=overhead,
-        calibration=decode_calibration(sps, overhead, stats),
+        calibration=decode_calibration(sps, overhead, stats) if calibrate else 1.0,
         class_caps=by_class,
     )
 

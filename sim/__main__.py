@@ -46,6 +46,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--failures", type=int, default=0)
     p.add_argument("--candidates", type=int, default=8, help="replicas the SLA router scores per request")
     p.add_argument(
+        "--calibrate-tpot",
+        action="store_true",
+        help="the SLA router scales its TPOT by each replica's measured decode steps",
+    )
+    p.add_argument(
         "--max-num-batched-tokens", type=int, default=None, help="the engines' step token budget (profile's)"
     )
     p.add_argument("--workers", type=int, default=1, help="scenarios simulated in parallel processes")
@@ -70,6 +75,7 @@ def grid(args: argparse.Namespace) -> list[Scenario]:
             hetero=args.hetero,
             failures=args.failures,
             candidates=args.candidates,
+            calibrate_tpot=args.calibrate_tpot,
             max_num_batched_tokens=args.max_num_batched_tokens,
         )
         for router in args.router

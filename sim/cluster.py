@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from deployments.replica_state import RecentRounds
 from dspark.draft_budget import DraftBudget
-from router.policy import Sla
+from router.policy import PolicyConfig, Sla
 from sim.events import EventQueue
 from sim.host import Host, path_parts
 from sim.profiles import Profile
@@ -67,6 +67,8 @@ class ClusterConfig:
     # 6 seeded runs of the engine and controller arms) it matched 16's attainment (mean difference
     # +0.00 points, pairs within +-0.4) at a third less decision time; 4 was 0.2 points lower.
     candidates: int = 8
+    # The SLA arm scales its TPOT by each replica's published decode steps (PolicyConfig.calibrate_tpot).
+    calibrate_tpot: bool = False
     failures: Sequence[Failure] = ()
     seed: int = 0
     timeline_period_s: float = 1.0
@@ -142,7 +144,8 @@ class Cluster:
         if c.router == "round_robin":
             return RoundRobin()
         if c.router == "sla":
-            return SlaArm(c.classes, c.default_class, self._visible.get, c.seed, c.candidates)
+            config = PolicyConfig(calibrate_tpot=c.calibrate_tpot)
+            return SlaArm(c.classes, c.default_class, self._visible.get, c.seed, c.candidates, config)
         raise ValueError(f"unknown router arm {c.router!r}")
 
     # ---- the run ------------------------------------------------------------------------------------

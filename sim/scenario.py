@@ -64,6 +64,7 @@ class Scenario:
     hetero: bool = False  # half the fleet a 2x faster class (a larger TP group)
     failures: int = 0  # replica failures spread over the run
     candidates: int = 8
+    calibrate_tpot: bool = False  # the SLA arm calibrates its TPOT (router/policy.py PolicyConfig)
     stats_period_s: float = 0.25
     workload: Mapping = field(default_factory=dict)  # overrides of Workload fields
     draft_gate: bool = True
@@ -99,6 +100,7 @@ class Scenario:
             router=self.router,
             stats_period_s=self.stats_period_s,
             candidates=self.candidates,
+            calibrate_tpot=self.calibrate_tpot,
             failures=failures,
             seed=self.seed,
             controller=ControllerArm(classes) if self.scheduler == "controller" else None,

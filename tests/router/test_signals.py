@@ -187,6 +187,24 @@ def test_a_burst_decided_before_any_confirmation_spreads():
     assert sorted(chosen) == ["a", "a", "a", "b", "b", "b"]
 
 
+def test_the_router_calibrates_its_tpot_only_when_configured_to():
+    base = speed_of(stats(100.0), 0.5)
+    measured = stats(
+        100.0, recent_round_s=1.5 * step_time(base, 24.0), recent_round_tokens=24.0, recent_round_ts=99.0
+    )
+    newcomer = Newcomer(10, 10, STANDARD)
+
+    def predicted(config: PolicyConfig) -> float:
+        lb = Balancer(config, CLASSES, "standard", seed=0)
+        return lb.decide(newcomer, "k", {"a": measured}, now=100.1).candidates[0].prediction.tpot_s
+
+    modelled = predicted(PolicyConfig(stale_after_s=1.0))  # the default: the model alone
+    assert modelled == pytest.approx(
+        predict(replica_state("a", measured, base, CLASSES, STANDARD, 0.0), newcomer).tpot_s
+    )
+    assert predicted(PolicyConfig(stale_after_s=1.0, calibrate_tpot=True)) == pytest.approx(1.5 * modelled)
+
+
 def test_a_kv_cache_reported_in_tokens_is_read_as_pages():
     sglang = {k: v for k, v in stats(1.0).items() if not k.startswith("kv_")}
     sglang |= {"kv_total_tokens": 1024, "kv_headroom": 0.25}  # SGLang's load report

@@ -12,6 +12,7 @@ import pytest
 
 import dspark.verify_policy
 import router.balancer
+from deployments.replica_state import RecentRounds
 from dspark.draft_budget import DraftBudget
 from dspark.scheduler import survival
 from dspark.verify_policy import VerifyRound, make_policy
@@ -19,6 +20,7 @@ from router.policy import Sla
 from sim.cluster import Cluster, ClusterConfig, Failure, Group
 from sim.profiles import Profile, available, load
 from sim.replica import SimReplica
+from sim.stats import snapshot
 from sim.workload import Request, Workload, generate
 
 CLASSES = {
@@ -140,10 +142,8 @@ def test_the_real_router_and_scheduler_decide(monkeypatch):
 # The SLA router's every decision (action, ranking, scores, exclusions) on simulate("sla"), as the
 # policy decided them before its decision-speed work (main at 8a9d8ea): a change to the scoring's
 # internals must leave this digest alone; change it only with a change meant to decide otherwise (of
-# the policy, or of the simulated replicas whose stats it reads). Changed by the decode calibration
-# (router/signals.py decode_calibration): the replicas publish their decode steps' measured time, and
-# the predicted TPOTs follow it.
-PINNED_DECISIONS = (182, "8ae1e53e88a23bedd5ef97b41fc36b97f55eb10806faeb81309ffd513644cfd0")
+# the policy, or of the simulated replicas whose stats it reads).
+PINNED_DECISIONS = (182, "7e5b7fc42498f4464fcbee6685f8057841d10a1055684cee6771e5215a3af251")
 
 
 def test_the_routers_decisions_on_a_seeded_trace_are_the_pinned_ones(monkeypatch):
@@ -270,3 +270,24 @@ def test_gpu_replica_cuts_its_prefill_to_the_budgets_step_time():
     plan = replica.plan()
     assert (plan.tokens, sum(plan.lengths), [n for _, n in plan.chunks]) == (944, 210, [704])
     assert 1 / replica.table(944) <= 0.047 < 1 / replica.table(945)
+
+
+def test_the_decode_steps_each_round_waited_for_are_the_requests_decode_time():
+    # A decoding request runs in every step from its first token (the end of its last prefill step) to
+    # its last (the end of the step that finished it), and steps run back to back: the steps' seconds
+    # summed over their rounds (what the replicas publish for the router's calibration) are exactly the
+    # requests' decoding times summed.
+    cluster, requests = simulate("sla")
+    done = [r for r in requests if r.outcome == "done"]
+    assert len(done) == len(requests) - sum(r.outcome == "shed" for r in requests)
+    decoding = sum(r.finish - r.first_token for r in done)
+    replicas = cluster.all_replicas()
+    assert sum(r.counters.round_time_s for r in replicas) == pytest.approx(decoding, rel=1e-9)
+    assert sum(r.counters.round_tokens for r in replicas) > sum(r.counters.rounds for r in replicas)
+    # Published as the real replica publishes them (deployments/replica_state.py RecentRounds).
+    replica = max(replicas, key=lambda r: r.counters.rounds)
+    c = replica.counters
+    published = snapshot(replica, RecentRounds(min_rounds=1), 5.0)
+    assert published["recent_round_s"] == round(c.round_time_s / c.rounds, 6)
+    assert published["recent_round_tokens"] == round(c.round_tokens / c.rounds, 2)
+    assert published["recent_round_ts"] == 5.0

@@ -132,7 +132,7 @@ def test_recent_rounds_keep_their_values_when_idle():
 
 
 def test_recent_rounds_measure_the_decode_steps_wall_per_round_over_enough_rounds():
-    recent = RecentRounds(min_rounds=8)
+    recent = RecentRounds(min_rounds=8, half_life_s=2.0)
     speed = {"recent_tau": 2.0, "mean_verified": 2.0, "step_overhead": 1.5}
     assert recent.update(4, 4, 8, 3.0, 2.0, 0.4, 40, now=1.0) == speed  # 4 rounds: too few, not yet
     # 10 rounds in all waited 1.2 s of steps, 100 decode tokens of steps counted per round.
@@ -144,13 +144,17 @@ def test_recent_rounds_measure_the_decode_steps_wall_per_round_over_enough_round
     }
     idle = recent.update(10, 10, 20, 4.0, 3.0, 1.2, 100, now=9.0)
     assert idle["recent_round_s"] == 0.12 and idle["recent_round_ts"] == 2.0  # idle: kept, with its time
-    # 8 more rounds at 0.05 s and 4 tokens each: a new window.
+    # 8 more rounds at 0.05 s and 4 tokens each: a new window, smoothed with the last over the 8 s since
+    # (half-life 2 s: weight 1 - 1/16): 0.12 - 15/16 * 0.07 s and 10 - 15/16 * 6 tokens.
     after = recent.update(18, 10, 20, 5.0, 4.0, 1.6, 132, now=10.0)
     assert (after["recent_round_s"], after["recent_round_tokens"], after["recent_round_ts"]) == (
-        0.05,
-        4.0,
+        0.054375,
+        4.38,
         10.0,
     )
+    # A window one half-life later moves it half-way.
+    later = recent.update(26, 10, 20, 6.0, 5.0, 2.0, 164, now=12.0)
+    assert later["recent_round_s"] == pytest.approx(0.054375 + 0.5 * (0.05 - 0.054375), abs=1e-6)
 
 
 def test_recent_forwards_measure_the_forward_rate_at_its_mean_size():

@@ -13,7 +13,10 @@ policy and affinity of its user's threads; the engine thread is the replica's `d
 Per arm it reports tok/s/user against offline in the same round (median over rounds), and the engine
 thread's CPU, run-queue wait and preemptions per generated token (from /proc, offline's too), and per
 request the stream subscriptions the replica served and the first events it copied onto an open one
-(deployments/stream_mux.py; its `get_state` counters).
+(deployments/stream_mux.py; its `get_state` counters), and what the load generator cost this process
+per token (CPU, wake-ups, preemptions). The served arms' load generator is by default one asyncio event
+loop, the offline arm's (`--client async`; `sync`: blocking clients on a thread per request,
+bench/load_client.py).
 
     python bench/placement_ab.py --model models/target --drafter dspark --num-speculative-tokens 7 \\
         --concurrency 1 --rounds 5
@@ -32,6 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from load_client import CLIENTS, LoadGen, client_cost  # noqa: E402
 from stream_profile import thread_sched  # noqa: E402
 
 from deployments import thread_policy  # noqa: E402
@@ -45,6 +49,10 @@ MEASURES = (
     "engine_preempted_per_token",
     "subscriptions_per_request",
     "first_copies_per_request",
+    # the load generator (bench/load_client.py): this process less the offline engine's thread
+    "client_cpu_us_per_token",
+    "client_wakeups_per_token",
+    "client_preempted_per_token",
 )
 ARMS = {"normal": ("normal", False), "batch": ("batch", False), "pinned": ("batch", True)}
 
@@ -92,16 +100,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--client", choices=CLIENTS, default="async", help="the served arms' load generator")
     parser.add_argument("--out", type=Path, help="write the runs and the summary here (JSON)")
     args = parser.parse_args(argv)
 
-    import openai
+    import asyncio
+
     import torch
     from ray import serve
-    from serve import grpc_request, http_request, run_offline, run_threads, serve_pids, start_stack, summarize
+    from serve import run_offline, serve_pids, start_stack, summarize
     from transformers import AutoTokenizer
 
-    import dspark_client
     from drafter_service.demo.corpus import heldout_prompts
     from dspark import AsyncEngine, EngineConfig
 
@@ -115,12 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     offline = AsyncEngine(EngineConfig(model=model, **engine_options))
     http_url, grpc_target = start_stack(model, engine_options, 1, direct_ingress=True)
-    http = openai.OpenAI(base_url=http_url + "/v1", api_key="-", max_retries=0, timeout=600)
-    grpc_client = dspark_client.Client(grpc_target, timeout_s=600)
-    surfaces = {
-        "http": http_request(http, Path(model).name, args.max_tokens),
-        "grpc": grpc_request(grpc_client, args.max_tokens),
-    }
+    loop = asyncio.new_event_loop()  # the offline arm's, and the async clients'
+    clients = LoadGen(args.client, loop, http_url, grpc_target, Path(model).name, args.max_tokens)
+    surfaces = ("http", "grpc")
     runs: list[dict] = []
     handle = serve.get_deployment_handle("TargetReplica", "bench")
     try:
@@ -128,9 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         replica = pids["replica"][0]
         served = pids["replica"] + pids["ingress"]
         engine = engine_tid(replica)
-        run_offline(offline, prompts[:1], args.max_tokens, 1)  # warm every path (connections, imports)
-        for request in surfaces.values():
-            run_threads(request, prompts[:1], 1)
+        run_offline(offline, prompts[:1], args.max_tokens, 1, loop)  # warm every path (connections, imports)
+        for surface in surfaces:
+            clients.run(surface, prompts[:1], 1)
         order = ["offline", *args.arms]
         for r in range(args.rounds):
             for k in range(len(order)):
@@ -143,10 +149,12 @@ def main(argv: list[str] | None = None) -> int:
                     before = thread_counters(where, tid)
                     mux_before = (0, 0) if arm == "offline" else mux_counts(handle)
                     load = os.getloadavg()[0]
+                    client_before = client_cost(offline.thread_id)
                     if arm == "offline":
-                        samples, wall = run_offline(offline, prompts, args.max_tokens, args.concurrency)
+                        samples, wall = run_offline(offline, prompts, args.max_tokens, args.concurrency, loop)
                     else:
-                        samples, wall = run_threads(surfaces[surface], prompts, args.concurrency)
+                        samples, wall = clients.run(surface, prompts, args.concurrency)
+                    client = client_cost(offline.thread_id) - client_before
                     after = thread_counters(where, tid)
                     mux_after = (0, 0) if arm == "offline" else mux_counts(handle)
                     mux = [a - b for a, b in zip(mux_after, mux_before)]
@@ -168,13 +176,16 @@ def main(argv: list[str] | None = None) -> int:
                             "engine_preempted_per_token": preempted / tokens,
                             "subscriptions_per_request": mux[0] / len(samples),
                             "first_copies_per_request": mux[1] / len(samples),
+                            **client.per_token(tokens),
+                            "client": args.client,
                             "load_1m": load,
                         }
                     )
                     print(json.dumps(runs[-1]), flush=True)
         place(served, engine, "normal", False)
     finally:
-        grpc_client.close()
+        clients.close()
+        loop.close()
         offline.shutdown()
         import ray
 
@@ -206,7 +217,11 @@ def main(argv: list[str] | None = None) -> int:
             + ", ".join(f"{k} {v:+.3f}" if k.startswith("vs") else f"{k} {v:.3f}" for k, v in row.items())
         )
     if args.out:
-        args.out.write_text(json.dumps({"command": sys.argv, "runs": runs, "summary": summary}, indent=1))
+        args.out.write_text(
+            json.dumps(
+                {"command": sys.argv, "client": args.client, "runs": runs, "summary": summary}, indent=1
+            )
+        )
     return 0
 
 

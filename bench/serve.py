@@ -1,7 +1,10 @@
 """Serving overhead: the same held-out prompts streamed offline, over HTTP and over gRPC.
 
-Offline is the engine in this process (AsyncEngine); HTTP is the OpenAI API through Ray Serve's proxy
-(official `openai` client, SSE); gRPC is `dspark_client` through Serve's gRPC proxy; with
+Offline is the engine in this process (AsyncEngine), driven by one asyncio event loop; HTTP is the
+OpenAI API through Ray Serve's proxy (SSE); gRPC is `dspark_client` through Serve's gRPC proxy. The
+served arms' load generator (bench/load_client.py, `--client`) is by default the same shape as the
+offline arm's, every request a task on that one loop (aiohttp; dspark_client.AsyncClient); `--client
+sync` runs the blocking clients (`openai`, dspark_client.Client) on a thread per request instead. With
 `--direct-ingress` both clients call the ingress replica's own servers instead, one Ray hop and one
 process fewer per streamed message (deployments/direct_ingress.py). The served stack
 is one replica with the offline engine's options and one ingress replica (on a machine of a few cores a
@@ -9,11 +12,14 @@ second ingress process only takes the engine's CPU), so the difference is the se
 concurrency level runs every method in rotating order; greedy decoding with a fixed output length
 makes every method produce the same tokens. Beside tok/s, each served point records the CPU time the
 proxy, the ingress and the replica spent per generated token (from /proc, so it reads alike on a busy
-machine) and the messages per token a stream took.
+machine) and the messages per token a stream took; every point, offline's too, records what the load
+generator cost this process per token (CPU, wake-ups, preemptions: the process less the offline
+engine's thread).
 
     python bench/serve.py --model models/target [--drafter ngram] [--prompts 16] [--max-tokens 64]
     python bench/serve.py --model models/target --direct-ingress   # no Serve proxy in the path
     python bench/serve.py --quick      # a smoke run: tiny sizes, written to a scratch file
+    python bench/serve.py --client sync   # the blocking clients on threads, as before
 
 Writes bench/results/serve.json and bench/results/serve.md.
 """
@@ -29,14 +35,16 @@ import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: deployments/ need not be installed
+sys.path.insert(0, str(REPO / "bench"))
+
+from load_client import CLIENTS, LoadGen, Sample, client_cost  # noqa: E402  (bench/load_client.py)
+
 RESULTS = REPO / "bench" / "results"
 METHODS = ("offline", "http", "grpc")
 
@@ -44,14 +52,6 @@ METHODS = ("offline", "http", "grpc")
 # The serving processes by their Ray process titles.
 PROCESSES = {"proxy": "ray::ProxyActor", "ingress": "ServeReplica:bench:Ingress", "replica": "TargetReplica"}
 TARGETS = {"c1": 0.10, "c8": 0.15}  # issue 17: tok/s/user overhead against offline, both surfaces
-
-
-@dataclass
-class Sample:
-    tokens: int
-    seconds: float  # request start to last token
-    ttft: float
-    messages: int = 0  # stream messages received (SSE chunks with text, gRPC deltas)
 
 
 def summarize(samples: list[Sample], wall: float) -> dict:
@@ -108,7 +108,15 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-def run_offline(engine, prompts: list[str], max_tokens: int, concurrency: int) -> tuple[list[Sample], float]:
+def run_offline(
+    engine,
+    prompts: list[str],
+    max_tokens: int,
+    concurrency: int,
+    loop: asyncio.AbstractEventLoop | None = None,
+) -> tuple[list[Sample], float]:
+    """The prompts through the engine in this process, on `loop` (the async clients' loop; a fresh one
+    when None)."""
     from dspark import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
@@ -126,51 +134,8 @@ def run_offline(engine, prompts: list[str], max_tokens: int, concurrency: int) -
         return list(await asyncio.gather(*(one(p, gate) for p in prompts)))
 
     start = time.perf_counter()
-    samples = asyncio.run(all_of())
+    samples = asyncio.run(all_of()) if loop is None else loop.run_until_complete(all_of())
     return samples, time.perf_counter() - start
-
-
-def run_threads(fn, prompts: list[str], concurrency: int) -> tuple[list[Sample], float]:
-    start = time.perf_counter()
-    with ThreadPoolExecutor(concurrency) as pool:
-        samples = list(pool.map(fn, prompts))
-    return samples, time.perf_counter() - start
-
-
-def http_request(client, model: str, max_tokens: int):
-    def one(prompt: str) -> Sample:
-        start, first, tokens = time.perf_counter(), None, 0
-        stream = client.completions.create(
-            model=model,
-            prompt=prompt,
-            max_tokens=max_tokens,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body={"ignore_eos": True},
-        )
-        messages = 0
-        for chunk in stream:
-            first = first or time.perf_counter()
-            messages += bool(chunk.choices)
-            if chunk.usage is not None:
-                tokens = chunk.usage.completion_tokens
-        return Sample(tokens, time.perf_counter() - start, first - start, messages)
-
-    return one
-
-
-def grpc_request(client, max_tokens: int):
-    def one(prompt: str) -> Sample:
-        start, first, messages = time.perf_counter(), None, 0
-        with client.stream(prompt, max_tokens=max_tokens, temperature=0.0, ignore_eos=True) as stream:
-            for _ in stream:
-                first = first or time.perf_counter()
-                messages += 1
-        tokens = stream.completion.usage.completion_tokens
-        return Sample(tokens, time.perf_counter() - start, first - start, messages)
-
-    return one
 
 
 def start_stack(
@@ -310,16 +275,21 @@ def main(argv: list[str] | None = None) -> int:
         default={},
         help="more AppConfig fields of the served app, as JSON (e.g. an A/B arm's setting)",
     )
+    parser.add_argument(
+        "--client",
+        choices=CLIENTS,
+        default="async",
+        help="the served arms' load generator: async (one event loop, like the offline arm) or sync "
+        "(blocking clients on a thread per request; bench/load_client.py)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.prompts, args.max_tokens, args.repeats, args.concurrency = 2, 8, 1, [1, 2]
         args.out = Path(tempfile.gettempdir()) / "serve_quick.json"
 
-    import openai
     import torch
     from transformers import AutoTokenizer
 
-    import dspark_client
     from drafter_service.demo.corpus import heldout_prompts
     from dspark import AsyncEngine, EngineConfig
 
@@ -348,13 +318,12 @@ def main(argv: list[str] | None = None) -> int:
         },
         direct_ingress=args.direct_ingress,
     )
-    name = Path(model).name
-    http = openai.OpenAI(base_url=http_url + "/v1", api_key="-", max_retries=0, timeout=600)
-    grpc_client = dspark_client.Client(grpc_target, timeout_s=600)
+    loop = asyncio.new_event_loop()  # the offline arm's, and the async clients'
+    clients = LoadGen(args.client, loop, http_url, grpc_target, Path(model).name, args.max_tokens)
     runners = {
-        "offline": lambda ps, c: run_offline(offline, ps, args.max_tokens, c),
-        "http": lambda ps, c: run_threads(http_request(http, name, args.max_tokens), ps, c),
-        "grpc": lambda ps, c: run_threads(grpc_request(grpc_client, args.max_tokens), ps, c),
+        "offline": lambda ps, c: run_offline(offline, ps, args.max_tokens, c, loop),
+        "http": lambda ps, c: clients.run("http", ps, c),
+        "grpc": lambda ps, c: clients.run("grpc", ps, c),
     }
     try:
         for method in METHODS:  # warm every path (first-request imports, connections)
@@ -367,9 +336,11 @@ def main(argv: list[str] | None = None) -> int:
                 method = METHODS[(k + r) % len(METHODS)]
                 before = {proc: cpu_seconds(p) for proc, p in pids.items()}
                 own = time.process_time()  # offline: the engine's thread and its event loop, in this process
+                client_before = client_cost(offline.thread_id)
                 samples, wall = runners[method](prompts, c)
                 run = summarize(samples, wall)
                 tokens = sum(s.tokens for s in samples)
+                run.update((client_cost(offline.thread_id) - client_before).per_token(tokens))
                 if method == "offline":
                     run["cpu_ms_per_token_offline"] = 1000 * (time.process_time() - own) / tokens
                 else:  # what each serving process spent per generated token
@@ -377,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
                         run[f"cpu_ms_per_token_{proc}"] = 1000 * (cpu_seconds(p) - before[proc]) / tokens
                 collected.setdefault((method, c), []).append(run)
     finally:
-        grpc_client.close()
+        clients.close()
+        loop.close()
         offline.shutdown()
         import ray
         from ray import serve
@@ -417,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
             "repeats": args.repeats,
             "num_ingress_replicas": 1,
             "path": "direct_ingress" if args.direct_ingress else "proxy",
+            "client": args.client,
             "stream_interval": args.stream_interval,
             "stream_mux": not args.no_stream_mux,
             "stream_mux_transport": args.stream_mux_transport,

@@ -185,8 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import openai
+    from load_client import run_threads
     from ray import serve
-    from serve import cpu_seconds, run_threads, serve_pids, start_stack  # bench/serve.py
+    from serve import cpu_seconds, serve_pids, start_stack  # bench/serve.py
     from transformers import AutoTokenizer
 
     import dspark_client

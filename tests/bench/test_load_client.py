@@ -6,9 +6,9 @@ import asyncio
 import threading
 
 import pytest
+from serving import serve_stack  # noqa: F401  (the session's shared Ray Serve stack)
 
 from bench.load_client import LoadGen, client_cost, sse_chunk, thread_cost
-from serving import serve_stack  # noqa: F401  (the session's shared Ray Serve stack)
 
 
 def test_an_sse_line_gives_its_json_chunk_and_nothing_else_does():
@@ -75,9 +75,9 @@ def test_sync_and_async_clients_time_the_same_streams_alike(serve_stack, surface
     # token count, at least one message and no more messages than tokens, a TTFT within its time.
     prompts = ["def add(a, b):", "The river", "import os"]
     loop = asyncio.new_event_loop()
-    got = {}
+    stack, got = serve_stack, {}
     for kind in ("sync", "async"):
-        clients = LoadGen(kind, loop, serve_stack.http_url, serve_stack.grpc_target, serve_stack.model_name, 6)
+        clients = LoadGen(kind, loop, stack.http_url, stack.grpc_target, stack.model_name, 6)
         try:
             got[kind], wall = clients.run(surface, prompts, 2)
         finally:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import resource
 import time
 from collections.abc import Awaitable, Callable
@@ -247,6 +248,11 @@ class Cost:
     wakeups: int  # voluntary context switches: the thread slept and was woken
     preemptions: int  # involuntary ones
 
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(
+            self.cpu_s + other.cpu_s, self.wakeups + other.wakeups, self.preemptions + other.preemptions
+        )
+
     def __sub__(self, other: Cost) -> Cost:
         return Cost(
             self.cpu_s - other.cpu_s, self.wakeups - other.wakeups, self.preemptions - other.preemptions
@@ -270,6 +276,42 @@ def thread_cost(tid: int) -> Cost:
             switches[key] = int(value)
     on_cpu_ns = int((task / "schedstat").read_text().split()[0])
     return Cost(on_cpu_ns / 1e9, *switches.values())
+
+
+def thread_costs(skip_tid: int) -> dict[str, Cost]:
+    """This process' live threads but `skip_tid` so far, summed by thread name ("main" for the main
+    thread; Python's other threads carry the process' name, gRPC's and Ray's C++ threads their own)."""
+    by_name: dict[str, Cost] = {}
+    for task in Path("/proc/self/task").iterdir():
+        tid = int(task.name)
+        if tid == skip_tid:
+            continue
+        try:
+            name = "main" if tid == os.getpid() else (task / "comm").read_text().strip()
+            cost = thread_cost(tid)
+        except (OSError, ValueError):  # ended meanwhile
+            continue
+        by_name[name] = by_name.get(name, Cost(0.0, 0, 0)) + cost
+    return by_name
+
+
+def by_thread(before: dict[str, Cost], after: dict[str, Cost], total: Cost, tokens: int) -> dict[str, list]:
+    """Per thread name, [CPU µs, wake-ups, preemptions] per token between two `thread_costs` readings;
+    "(ended)": what threads that ended meanwhile spent (`total`, the `client_cost` difference, less the
+    live threads'). Names that spent nothing are left out."""
+    zero = Cost(0.0, 0, 0)
+    spent = {name: cost - before.get(name, zero) for name, cost in after.items()}
+    live = sum(spent.values(), zero)
+    spent["(ended)"] = total - live
+    return {
+        name: [
+            round(1e6 * c.cpu_s / tokens, 1),
+            round(c.wakeups / tokens, 3),
+            round(c.preemptions / tokens, 3),
+        ]
+        for name, c in sorted(spent.items(), key=lambda kv: -kv[1].cpu_s)
+        if c.wakeups > 0 or c.cpu_s > 0
+    }
 
 
 def client_cost(skip_tid: int) -> Cost:

@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from load_client import CLIENTS, LoadGen, client_cost  # noqa: E402
+from load_client import CLIENTS, LoadGen, by_thread, client_cost, thread_costs  # noqa: E402
 from stream_profile import thread_sched  # noqa: E402
 
 from deployments import thread_policy  # noqa: E402
@@ -149,12 +149,14 @@ def main(argv: list[str] | None = None) -> int:
                     before = thread_counters(where, tid)
                     mux_before = (0, 0) if arm == "offline" else mux_counts(handle)
                     load = os.getloadavg()[0]
+                    threads_before = thread_costs(offline.thread_id)
                     client_before = client_cost(offline.thread_id)
                     if arm == "offline":
                         samples, wall = run_offline(offline, prompts, args.max_tokens, args.concurrency, loop)
                     else:
                         samples, wall = clients.run(surface, prompts, args.concurrency)
                     client = client_cost(offline.thread_id) - client_before
+                    threads = thread_costs(offline.thread_id)
                     after = thread_counters(where, tid)
                     mux_after = (0, 0) if arm == "offline" else mux_counts(handle)
                     mux = [a - b for a, b in zip(mux_after, mux_before)]
@@ -177,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                             "subscriptions_per_request": mux[0] / len(samples),
                             "first_copies_per_request": mux[1] / len(samples),
                             **client.per_token(tokens),
+                            # [CPU µs, wake-ups, preemptions] per token, by thread name
+                            "client_threads": by_thread(threads_before, threads, client, tokens),
                             "client": args.client,
                             "load_1m": load,
                         }

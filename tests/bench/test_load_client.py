@@ -8,7 +8,7 @@ import threading
 import pytest
 from serving import serve_stack  # noqa: F401  (the session's shared Ray Serve stack)
 
-from bench.load_client import LoadGen, client_cost, sse_chunk, thread_cost
+from bench.load_client import Cost, LoadGen, by_thread, client_cost, sse_chunk, thread_cost, thread_costs
 
 
 def test_an_sse_line_gives_its_json_chunk_and_nothing_else_does():
@@ -67,6 +67,24 @@ def test_the_cost_counts_an_ended_threads_wakeups_and_leaves_out_the_skipped_thr
     # the ended thread's 50, plus this thread's few waits; none of the skipped thread's 200
     assert 50 <= spent.wakeups < 200
     assert spent.per_token(10)["client_wakeups_per_token"] == spent.wakeups / 10
+
+
+def test_the_breakdown_by_thread_gives_ended_threads_the_rest_of_the_total():
+    before = {"main": Cost(1.0, 10, 1), "poller": Cost(0.5, 100, 0), "idle": Cost(0.1, 5, 0)}
+    after = {"main": Cost(1.002, 14, 1), "poller": Cost(0.501, 120, 2), "idle": Cost(0.1, 5, 0)}
+    total = Cost(0.005, 40, 5)  # the process' difference: 2 ms, 16 wake-ups and 3 preemptions more
+    assert by_thread(before, after, total, 10) == {
+        "(ended)": [200.0, 1.6, 0.3],
+        "main": [200.0, 0.4, 0.0],
+        "poller": [100.0, 2.0, 0.2],
+    }
+
+
+def test_the_live_threads_are_named_and_the_skipped_one_left_out():
+    costs = thread_costs(skip_tid=-1)
+    assert "main" in costs
+    assert costs["main"].wakeups >= 0 and costs["main"].cpu_s > 0
+    assert "main" not in thread_costs(skip_tid=threading.get_native_id())  # pytest runs on the main thread
 
 
 @pytest.mark.parametrize("surface", ["http", "grpc"])

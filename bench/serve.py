@@ -205,11 +205,22 @@ def noise_band(points: list[dict]) -> dict[str, float]:
     return band
 
 
+def client_cell(point: dict) -> str:
+    """What the load generator (bench/load_client.py) cost this process per token; "-" in an older result."""
+    if "client_cpu_us_per_token" not in point:
+        return "-"
+    return f"{point['client_cpu_us_per_token']:.0f}, {point['client_wakeups_per_token']:.2f}"
+
+
 def table(results: dict) -> str:
+    client = results["config"].get("client", "sync")
     lines = [
+        f"Load generator: `{client}` clients (bench/load_client.py).",
+        "",
         "| concurrency | method | tok/s/user | aggregate tok/s | mean TTFT (s) | tok/s/user vs offline "
-        "| messages/token | CPU ms/token: proxy, ingress, replica (offline: its engine) |",
-        "|---:|---|---:|---:|---:|---:|---:|---|",
+        "| messages/token | CPU ms/token: proxy, ingress, replica (offline: its engine) "
+        "| load generator: CPU µs, wake-ups per token |",
+        "|---:|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for point in results["points"]:
         base = next(
@@ -225,7 +236,7 @@ def table(results: dict) -> str:
         lines.append(
             f"| {point['concurrency']} | {point['method']} | {point['tok_s_user']:.1f} | "
             f"{point['tok_s_total']:.1f} | {point['ttft_s']:.3f} | {point['tok_s_user'] / base - 1:+.1%} "
-            f"| {messages} | {cpu_cell} |"
+            f"| {messages} | {cpu_cell} | {client_cell(point)} |"
         )
     band = results["summary"].get("noise_band_by_concurrency")
     if band:

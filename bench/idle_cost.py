@@ -20,7 +20,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,9 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--direct-ingress", action="store_true")
     args = parser.parse_args(argv)
 
-    from serve import cpu_seconds, serve_pids, start_stack  # bench/serve.py
-
     import dspark_client
+    from bench.serve import cpu_seconds, serve_pids, start_stack  # bench/serve.py
 
     engine = {"drafter": "ngram", "num_speculative_tokens": 4, "max_num_seqs": 4}
     _, grpc_target = start_stack(

@@ -33,11 +33,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 
-from load_client import CLIENTS, LoadGen, by_thread, client_cost, thread_costs  # noqa: E402
-from stream_profile import thread_sched  # noqa: E402
-
+from bench.load_client import CLIENTS, LoadGen, by_thread, client_cost, thread_costs  # noqa: E402
+from bench.stream_profile import thread_sched  # noqa: E402
 from deployments import thread_policy  # noqa: E402
 
 # What each run records beside tok/s/user, summarised per arm as medians over the rounds.
@@ -108,9 +106,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
     from ray import serve
-    from serve import run_offline, serve_pids, start_stack, summarize
     from transformers import AutoTokenizer
 
+    from bench.serve import run_offline, serve_pids, start_stack, summarize
     from drafter_service.demo.corpus import heldout_prompts
     from dspark import AsyncEngine, EngineConfig
 

@@ -41,9 +41,8 @@ from tqdm import tqdm
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: deployments/ need not be installed
-sys.path.insert(0, str(REPO / "bench"))
 
-from load_client import CLIENTS, LoadGen, Sample, client_cost  # noqa: E402  (bench/load_client.py)
+from bench.load_client import CLIENTS, LoadGen, Sample, client_cost  # noqa: E402  (bench/load_client.py)
 
 RESULTS = REPO / "bench" / "results"
 METHODS = ("offline", "http", "grpc")

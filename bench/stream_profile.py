@@ -30,7 +30,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 
 
 def record(spy: str, pid: int, seconds: float, out: Path) -> subprocess.Popen:
@@ -185,12 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import openai
-    from load_client import run_threads
     from ray import serve
-    from serve import cpu_seconds, serve_pids, start_stack  # bench/serve.py
     from transformers import AutoTokenizer
 
     import dspark_client
+    from bench.load_client import run_threads
+    from bench.serve import cpu_seconds, serve_pids, start_stack  # bench/serve.py
     from drafter_service.demo.corpus import heldout_prompts
 
     model = str(Path(args.model).resolve())
@@ -203,8 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.offline:  # the engine alone in this process, same prompts and concurrency: the baseline
         import torch
-        from serve import run_offline
 
+        from bench.serve import run_offline
         from dspark import AsyncEngine, EngineConfig
 
         torch.set_num_threads(args.threads)  # as the replica's engine (AppConfig.torch_num_threads)

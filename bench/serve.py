@@ -42,7 +42,7 @@ from tqdm import tqdm
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: deployments/ need not be installed
 
-from bench.load_client import CLIENTS, LoadGen, Sample, client_cost  # noqa: E402  (bench/load_client.py)
+from bench.load_client import CLIENTS, LoadGen, Sample, client_cost, gather  # noqa: E402  (bench/load_client.py)
 
 RESULTS = REPO / "bench" / "results"
 METHODS = ("offline", "http", "grpc")
@@ -120,21 +120,15 @@ def run_offline(
 
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
 
-    async def one(prompt: str, gate: asyncio.Semaphore) -> Sample:
-        async with gate:
-            start, first, tokens = time.perf_counter(), None, 0
-            async for out in engine.generate(prompt, params):
-                first = first or time.perf_counter()
-                tokens = len(out.token_ids)
-            return Sample(tokens, time.perf_counter() - start, first - start)
+    async def one(prompt: str) -> Sample:
+        start, first, tokens = time.perf_counter(), None, 0
+        async for out in engine.generate(prompt, params):
+            first = first or time.perf_counter()
+            tokens = len(out.token_ids)
+        return Sample(tokens, time.perf_counter() - start, first - start)
 
-    async def all_of() -> list[Sample]:
-        gate = asyncio.Semaphore(concurrency)
-        return list(await asyncio.gather(*(one(p, gate) for p in prompts)))
-
-    start = time.perf_counter()
-    samples = asyncio.run(all_of()) if loop is None else loop.run_until_complete(all_of())
-    return samples, time.perf_counter() - start
+    run = gather(one, prompts, concurrency)  # the async clients' gate and clock
+    return asyncio.run(run) if loop is None else loop.run_until_complete(run)
 
 
 def start_stack(

@@ -170,7 +170,7 @@ async def _drive(
     stamp: the client and the replicas share this host's monotonic clock), None without a timing."""
     import openai
 
-    from bench.ttft_split import engine_spans
+    from bench.ttft_split import engine_spans, timing_of
 
     # A client per event loop: its connections belong to the loop that opened them.
     client = openai.AsyncOpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=600)
@@ -194,8 +194,7 @@ async def _drive(
             async for chunk in stream:
                 if ttft is None and chunk.choices and chunk.choices[0].text:
                     ttft = time.perf_counter() - sent
-                if chunk.choices and chunk.choices[0].finish_reason is not None:
-                    timing = (chunk.model_extra or {}).get("dspark", {}).get("timing")
+                timing = timing_of(chunk) or timing
                 if chunk.usage is not None:
                     tokens = chunk.usage.completion_tokens
             ttft = ttft if ttft is not None else time.perf_counter() - sent

@@ -59,7 +59,7 @@ sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
 from bench.sim import markdown as sim_markdown  # noqa: E402
 from bench.sim_compare import METRICS, compare  # noqa: E402
-from bench.ttft_split import place  # noqa: E402
+from bench.ttft_split import place, timing_of  # noqa: E402
 from sim import step_fit  # noqa: E402
 from sim.cluster import Cluster, ClusterConfig, Group  # noqa: E402
 from sim.metrics import spread, summarize, ttft_split  # noqa: E402
@@ -347,8 +347,7 @@ async def _drive(client, model: str, requests: list[Request], prompts: list[str]
                 now = time.perf_counter() - t0
                 if req.first_token is None and chunk.choices and chunk.choices[0].text:
                     req.first_token = now
-                if chunk.choices and chunk.choices[0].finish_reason is not None:
-                    timing = (chunk.model_extra or {}).get("dspark", {}).get("timing")
+                timing = timing_of(chunk) or timing
                 if chunk.usage is not None:
                     req.generated = chunk.usage.completion_tokens
             req.finish, req.outcome = time.perf_counter() - t0, "done"

@@ -18,6 +18,14 @@ if TYPE_CHECKING:  # not imported: bench/serving_cost.py runs with bench/ first 
     from sim.workload import Request
 
 
+def timing_of(chunk) -> dict | None:
+    """The replica's `timing` if `chunk` (an `openai` client's completion chunk) is a stream's finishing
+    one, which carries it (deployments/openai_format.py); None for any other chunk."""
+    if not (chunk.choices and chunk.choices[0].finish_reason is not None):
+        return None
+    return (chunk.model_extra or {}).get("dspark", {}).get("timing")
+
+
 def engine_spans(timing: dict | None) -> tuple[float, float] | None:
     """(queue, prefill) seconds from a replica's `timing` (None when it lacks a stamp)."""
     if not timing:

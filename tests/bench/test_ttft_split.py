@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.ttft_split import engine_spans, place
+from bench.ttft_split import engine_spans, place, timing_of
 from sim.workload import Request
 
 TIMING = {"received": 100.0, "admitted": 100.002, "scheduled": 100.01, "first_token": 100.04}
@@ -33,3 +33,20 @@ def test_a_placed_request_splits_its_client_ttft_into_path_queue_and_prefill():
     unstarted = Request(2, 2.0, 48, 64, "standard", "code")
     place(unstarted, TIMING)  # no first token at the client (shed): nothing to split
     assert unstarted.ttft_parts is None
+
+
+def completion_chunk(finish_reason: str | None, extra: dict) -> object:
+    """A streamed chunk as the `openai` client builds it (constructed, not validated: a chunk before the
+    last has no finish_reason, which the model's own validation would refuse)."""
+    from openai.types import Completion, CompletionChoice
+
+    choice = CompletionChoice.model_construct(index=0, text="a", finish_reason=finish_reason, logprobs=None)
+    body = {"id": "c", "object": "text_completion", "created": 0, "model": "m", "choices": [choice]}
+    return Completion.model_construct(**body, **extra)
+
+
+def test_the_timing_is_read_from_the_streams_finishing_chunk_only():
+    extra = {"dspark": {"timing": TIMING}}
+    assert timing_of(completion_chunk("length", extra)) == TIMING
+    assert timing_of(completion_chunk(None, extra)) is None  # not the last chunk
+    assert timing_of(completion_chunk("stop", {})) is None  # a server that sends none

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from sim import step_fit
-from sim.host import path_latency, path_parts, stretch
+from sim.host import HostCost, path_latency, path_parts, stretch
 from sim.profiles import from_dict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -247,7 +247,7 @@ def host_check(
         timed = (serving.get("ttft_split") or {}).get(label)
         if request_path_s is not None and timed:
             one, two = (stretch(load, host["cores"], n, host["path_processes"]) for n in (1, 2))
-            path_cpu = host["cpu_s_per_request"] + host["replica_cpu_s_per_request"]
+            path_cpu = HostCost.from_json(host).path_cpu_s
 
             def path_ms(cpu_stretch: float, path_cpu: float = path_cpu) -> float:
                 return round(path_latency(request_path_s, path_cpu, cpu_stretch) * 1e3, 2)

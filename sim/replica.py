@@ -42,6 +42,9 @@ class SimSeq:
     computed: int = 0  # tokens whose K/V is in the cache
     generated: int = 0
     decoding: bool = False
+    # The PageManager's own page table for it (the same list, grown and cut in place): read to skip
+    # ensure/truncate calls that would change nothing, which most steps' calls are.
+    table: list[int] = field(default_factory=list)
 
     @property
     def remaining(self) -> int:
@@ -131,7 +134,7 @@ class SimReplica:
             self.pages.reserve(key, req.prompt_tokens + req.max_tokens)
         except AdmissionError as exc:
             return str(exc)
-        self.seqs[req.rid] = SimSeq(req, key)
+        self.seqs[req.rid] = SimSeq(req, key, table=self.pages.table(key))
         self.counters.prompt_tokens += req.prompt_tokens
         req.replica = self.replica_id
         return None
@@ -176,10 +179,14 @@ class SimReplica:
             tokens += n
         if not decoding and not chunks:
             return None
+        # PageManager.ensure where the step's tokens pass the pages held (a page holds page_size tokens).
+        ensure, size = self.pages.ensure, self.profile.page_size
         for s, n in zip(decoding, lengths):
-            self.pages.ensure(s.key, s.computed + 1 + n)
+            if s.computed + 1 + n > len(s.table) * size:
+                ensure(s.key, s.computed + 1 + n)
         for s, n in chunks:
-            self.pages.ensure(s.key, s.computed + n)
+            if s.computed + n > len(s.table) * size:
+                ensure(s.key, s.computed + n)
         used = self.pages.num_pages - self.pages.num_free_pages
         self.counters.max_pages_used = max(self.counters.max_pages_used, used)
         drafters = sum(1 for c in caps if c > 0)
@@ -227,6 +234,7 @@ class SimReplica:
         first, done = [], []
         rng = self.rng.random
         seqs, truncate, acceptance = self.seqs, self.pages.truncate, self.profile.acceptance
+        size = self.profile.page_size
         verify_accept = c.verify_accept
         rounds = drafted = accepted_total = 0
         for s, n in zip(plan.decoding, plan.lengths):
@@ -240,7 +248,8 @@ class SimReplica:
             if n:
                 verify_accept[n, a] += 1
             s.computed += 1 + a
-            truncate(s.key, s.computed)
+            if len(s.table) * size >= s.computed + size:  # a whole page past the kept tokens: roll back
+                truncate(s.key, s.computed)
             s.generated += a + 1
             rounds += 1
             drafted += n

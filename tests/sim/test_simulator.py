@@ -14,6 +14,7 @@ import dspark.verify_policy
 import router.balancer
 from deployments.replica_state import RecentRounds
 from dspark.draft_budget import DraftBudget
+from dspark.kv_cache import pages_for
 from dspark.scheduler import survival
 from dspark.verify_policy import VerifyRound, make_policy
 from router.policy import Sla
@@ -176,6 +177,30 @@ def test_verify_lengths_are_the_engines_own_on_the_same_batch():
     want = make_policy("dspark").choose(VerifyRound(caps, rows, 256 - len(decoding), profile.cost_table()))
     assert got == want
     assert replica._lengths(decoding, caps, step_cap=256 - len(decoding)) == want  # memoised: same answer
+
+
+def test_each_sequence_holds_exactly_its_tokens_pages_through_every_step():
+    # The replica calls PageManager.ensure and truncate only where they change a table: through a run
+    # every sequence's table must still be exactly what calling them every step would leave.
+    replica = SimReplica("r", small_profile(kv_pages=256), "dspark", seed=1)
+    for i in range(12):
+        assert (
+            replica.admit(Request(i, 0.0, 5 + 23 * i, 9 + 13 * i, "standard", ("easy", "hard")[i % 2]))
+            is None
+        )
+    size, steps = replica.pages.page_size, 0
+    while (plan := replica.plan()) is not None:
+        for s, n in zip(plan.decoding, plan.lengths):
+            assert s.table is replica.pages.table(s.key) and len(s.table) == pages_for(
+                s.computed + 1 + n, size
+            )
+        for s, n in plan.chunks:
+            assert len(s.table) == pages_for(s.computed + n, size)
+        replica.complete(plan, float(steps))
+        for s in replica.seqs.values():
+            assert len(s.table) == pages_for(s.computed, size)
+        steps += 1
+    assert steps > 20 and not replica.seqs and replica.pages.num_free_pages == replica.pages.num_pages
 
 
 def test_gpu_replica_verifies_past_the_tables_kink():

@@ -61,6 +61,9 @@ class PageManager:
         self._summary: tuple[tuple[int, int], dict] | None = None  # routing_summary at (index version, clock)
         self.evictions = 0  # cached pages dropped to make room
         self._seqs: dict[str, _Allocation] = {}
+        # Pages reserved by the running sequences and not yet in their tables, kept as a running total:
+        # admission reads it for every request, and a sum over the running sequences cost O(running).
+        self._promised = 0
 
     @property
     def prefix_caching(self) -> bool:
@@ -78,8 +81,7 @@ class PageManager:
     @property
     def num_unreserved_pages(self) -> int:
         """Blocks neither held nor promised to a running sequence: the admission headroom."""
-        promised = sum(a.reserved - len(a.table) for a in self._seqs.values())
-        return self.num_free_pages - promised
+        return self.num_free_pages - self._promised
 
     def refcount(self, page: int) -> int:
         return self._refs[page]
@@ -112,6 +114,7 @@ class PageManager:
                 f"{self.num_pages} are free; retry when running requests finish"
             )
         self._seqs[seq_id] = alloc
+        self._promised += need
         self._attach(alloc, hits)
         return hits
 
@@ -159,6 +162,7 @@ class PageManager:
             )
         while len(alloc.table) < need:
             alloc.table.append(self._take())
+            self._promised -= 1
         return alloc.table
 
     def truncate(self, seq_id: str, num_tokens: int) -> None:
@@ -167,11 +171,13 @@ class PageManager:
         keep = pages_for(num_tokens, self.page_size)
         while len(alloc.table) > keep:
             self._drop(alloc.table.pop())
+            self._promised += 1
         alloc.settled = min(alloc.settled, len(alloc.table))
 
     def release(self, seq_id: str) -> None:
         alloc = self._seqs.pop(seq_id, None)
         if alloc is not None:
+            self._promised -= alloc.reserved - len(alloc.table)
             # Last page first: of a prompt's cached pages, the later ones are evicted before the
             # earlier ones, which more prompts share.
             for page in reversed(alloc.table):
@@ -237,6 +243,7 @@ class PageManager:
             entry.last_used = self._tick()
             alloc.table.append(entry.page)
         alloc.settled += len(hits)
+        self._promised -= len(hits)
 
     def _take(self) -> int:
         """A page for one sequence alone: a free one, else the least recently used cached one no one holds."""

@@ -65,13 +65,16 @@ class CostTable:
         self._convex = 1.0 / np.interp(
             tokens, self.points, 1.0 / np.array(convex_rates(self.points, self.smoothed))
         )
+        # The same values as Python floats: the scheduler's walk reads one per ranked token, and indexing
+        # a list costs a fraction of indexing an array and converting its element.
+        self._dense_list, self._convex_list = self._dense.tolist(), self._convex.tolist()
 
     def __call__(self, num_tokens: int) -> float:
-        return float(self._dense[min(max(num_tokens, 1), self.max_tokens) - 1])
+        return self._dense_list[min(max(num_tokens, 1), self.max_tokens) - 1]
 
     def convex(self, num_tokens: int) -> float:
         """SPS(B) with the step time's convex envelope: what Algorithm 1's early stop walks on."""
-        return float(self._convex[min(max(num_tokens, 1), self.max_tokens) - 1])
+        return self._convex_list[min(max(num_tokens, 1), self.max_tokens) - 1]
 
     def observe(self, num_tokens: int, seconds: float, weight: float) -> None:
         """Fold one observed forward into the table, so drift (heat, neighbours, context) heals."""

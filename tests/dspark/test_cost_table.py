@@ -54,6 +54,19 @@ def test_online_refresh_heals_a_drifted_table():
     assert frozen(4) == pytest.approx(100 - 20 * 3 / 7) and frozen.observations == 0
 
 
+def test_lookups_read_the_fitted_arrays_as_python_floats_before_and_after_observations():
+    # SPS(B) and its convex envelope are read from Python lists kept beside the fitted arrays (faster to
+    # index); they must carry the arrays' exact values, refitted with every observation.
+    table = CostTable([1, 4, 32, 128], [90.0, 95.0, 60.0, 20.0], max_tokens=200)
+    for _ in range(2):
+        got = [(table(b), table.convex(b)) for b in range(-1, 205)]
+        clamp = [min(max(b, 1), 200) - 1 for b in range(-1, 205)]
+        assert got == [(float(table._dense[k]), float(table._convex[k])) for k in clamp]
+        assert all(type(a) is float and type(c) is float for a, c in got)
+        table.observe(50, 0.05, weight=0.5)  # the table heals: both lookups follow the refit
+    assert table.observations == 2 and table(50) != got[51][0]
+
+
 def small_config(model_dir, cache_dir, **overrides) -> EngineConfig:
     options = dict(
         model=str(model_dir),

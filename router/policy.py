@@ -395,12 +395,19 @@ def ttft(state: ReplicaState, prompt_tokens: int) -> float:
     """Seconds until the first token of a prompt of `prompt_tokens` uncached tokens admitted now."""
     speed = state.speed
     assert speed is not None
-    decode_tokens = state.running * (1 + verify_length(speed, state.running)) if state.running else 0
-    capacity = max(1, speed.max_batch_tokens - decode_tokens)  # prefill tokens per step
+    # What depends on the replica alone, remembered per Speed: every candidate scoring of a replica
+    # between two of its changes asks the same (only the newcomer's prompt differs).
+    key = ("ttft", state.running, state.queued_prefill_tokens, state.load > 0)
+    found = speed._memo.get(key)
+    if found is None:
+        decode_tokens = state.running * (1 + verify_length(speed, state.running)) if state.running else 0
+        capacity = max(1, speed.max_batch_tokens - decode_tokens)  # prefill tokens per step
+        in_flight = 0.0
+        if state.load:  # a step is running: on average half of it is left
+            in_flight = 0.5 * step_time(speed, decode_tokens + min(state.queued_prefill_tokens, capacity))
+        found = speed._memo[key] = (decode_tokens, capacity, in_flight)
+    decode_tokens, capacity, in_flight = found
     todo = state.queued_prefill_tokens + prompt_tokens
-    in_flight = 0.0
-    if state.load:  # a step is running: on average half of it is left
-        in_flight = 0.5 * step_time(speed, decode_tokens + min(state.queued_prefill_tokens, capacity))
     steps = math.ceil(todo / capacity)
     return in_flight + steps * step_time(speed, min(speed.max_batch_tokens, decode_tokens + todo))
 

@@ -134,6 +134,27 @@ def test_ttft_counts_the_step_in_flight_and_the_prefill_ahead():
     assert ttft(busy, 100) == pytest.approx(2.5 / 5.0)
 
 
+def test_ttft_remembered_per_speed_answers_each_replica_state_as_computed_afresh():
+    # ttft keeps its replica-only part per Speed: states sharing one Speed but differing in what that
+    # part reads (running, queued prefill, whether a step runs) must each get their own answer.
+    speed = Speed(TABLE, 1024, acceptance=0.8, draft_cap=7, adaptive=True)
+    states = [
+        replica("a", speed, running=r, queued=q, queued_prefill_tokens=p)
+        for r in (0, 3, 24)
+        for q, p in ((0, 0), (1, 0), (2, 700), (0, 700))
+    ]
+    expected = [
+        (state, prompt, ttft(replace(state, speed=replace(speed)), prompt))  # a Speed remembering nothing
+        for state in states
+        for prompt in (1, 100, 3000)
+    ]
+    for _ in range(2):  # asked again, in another order, from the same Speed: the same answers
+        for state, prompt, want in expected:
+            assert ttft(state, prompt) == want
+        expected.reverse()
+    assert len({round(want, 12) for _, _, want in expected}) > len(states)
+
+
 def test_a_replica_with_a_full_kv_cache_is_never_chosen():
     need = request(prompt=100, max_tokens=60)  # 160 tokens: 10 pages of 16
     full = replica("full", free_pages=9)  # fast and idle, one page short

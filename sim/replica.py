@@ -18,6 +18,7 @@ arrival-order tie-break; it changes which request verifies a token, not how many
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter
 from dataclasses import dataclass, field
@@ -153,15 +154,24 @@ class SimReplica:
         step_cap = budget - len(decoding)
         if self.budget.max_step_tokens is not None:
             step_cap = min(step_cap, self.budget.max_step_tokens)
-        caps = []
-        limits: dict[str, int | None] = {}  # the budget's cap per SLA class, looked up once a step
-        gamma, request_cap = self.gamma, self.budget.request_cap
-        for s in decoding:
-            req = s.req
-            cap = min(gamma, req.max_tokens - s.generated - 1, step_cap)
-            cls = req.sla_class
-            limit = limits[cls] if cls in limits else limits.setdefault(cls, request_cap(cls))
-            caps.append(max(0, cap if limit is None else min(cap, limit)))
+        top = max(0, min(self.gamma, step_cap))
+        if self.budget.max_request_tokens is None and not self.budget.max_request_tokens_by_class:
+            # No per-request cap: each request's window, cut to the tokens it has left (the same min and
+            # max as below, without their calls: this runs for every decoding request of every step).
+            caps = [
+                top if left >= top else (left if left > 0 else 0)
+                for left in [s.req.max_tokens - s.generated - 1 for s in decoding]
+            ]
+        else:
+            caps = []
+            limits: dict[str, int | None] = {}  # the budget's cap per SLA class, looked up once a step
+            request_cap = self.budget.request_cap
+            for s in decoding:
+                req = s.req
+                cap = min(top, req.max_tokens - s.generated - 1)
+                cls = req.sla_class
+                limit = limits[cls] if cls in limits else limits.setdefault(cls, request_cap(cls))
+                caps.append(max(0, cap if limit is None else min(cap, limit)))
         drafting = self.gate is None or self.gate.should_draft(len(decoding), self.table)
         if not drafting:
             caps = [0] * len(caps)
@@ -189,7 +199,7 @@ class SimReplica:
                 ensure(s.key, s.computed + n)
         used = self.pages.num_pages - self.pages.num_free_pages
         self.counters.max_pages_used = max(self.counters.max_pages_used, used)
-        drafters = sum(1 for c in caps if c > 0)
+        drafters = len(caps) - caps.count(0)
         forward = self.slow * self.profile.forward_scale / self.table(tokens)
         seconds = self.slow * self.profile.step_seconds(tokens, len(decoding), drafters, self.table)
         draft = self.slow * (self.profile.draft_s_per_step + drafters * self.profile.draft_s_per_request)
@@ -217,7 +227,10 @@ class SimReplica:
                 by_group[g] = chosen[i : i + groups[g]]
                 i += groups[g]
             if len(self._memo) > MAX_MEMO:
-                self._memo.clear()
+                # The oldest quarter goes (dicts keep insertion order): the recent compositions, which
+                # the fleet's batches keep returning to, stay, where clearing it all made every step miss.
+                for old in list(itertools.islice(self._memo, MAX_MEMO // 4)):
+                    del self._memo[old]
             self._memo[key] = by_group
         # Each group's lengths go to its members in arrival order.
         members = {g: iter(lengths) for g, lengths in by_group.items()}

@@ -254,20 +254,20 @@ class SimReplica:
             req = s.req
             if req.rid not in seqs:
                 continue  # failed or aborted during the step
-            row = acceptance[req.domain]
-            a = 0
-            while a < n and rng() < row[a]:
-                a += 1
-            if n:
-                verify_accept[n, a] += 1
-            s.computed += 1 + a
-            if len(s.table) * size >= s.computed + size:  # a whole page past the kept tokens: roll back
-                truncate(s.key, s.computed)
-            s.generated += a + 1
             rounds += 1
-            drafted += n
-            accepted_total += a
-            if s.generated >= req.max_tokens:
+            a = 0
+            if n:  # the drafts survive position by position: one draw each, until the first rejection
+                row = acceptance[req.domain]
+                while a < n and rng() < row[a]:
+                    a += 1
+                verify_accept[n, a] += 1
+                drafted += n
+                accepted_total += a
+            computed = s.computed = s.computed + 1 + a
+            if len(s.table) * size >= computed + size:  # a whole page past the kept tokens: roll back
+                truncate(s.key, computed)
+            generated = s.generated = s.generated + a + 1
+            if generated >= req.max_tokens:
                 done.append(self._finish(s, now))
         c.rounds += rounds
         c.round_time_s += rounds * plan.seconds

@@ -13,7 +13,7 @@ package exists)} on the GPU-class profile, at `--replicas` (100 and 1,000) and l
 the fleet's plain-decoding capacity (sim/scenario.py): every arm at every load at 100 replicas, the key
 arms at 80% at 1,000 (each 1,000-replica run costs ten 100-replica ones); what ran is in the JSON's
 `settings`. The defaults fit about 25 minutes of an idle 2-core machine (the Makefile's `sim` says how
-that was measured): 60 s of arrivals at 100 replicas scored after a 10 s warm-up, 4 s at 1,000, a 10 s
+that was measured): 60 s of arrivals at 100 replicas scored after a 10 s warm-up, 4 s at 1,000, a 30 s
 trace for the scale section. The 100-replica trace is long enough for the arms that keep up to reach a
 steady state (sla + engine at 80% load scores 0.95-0.99 in every 5 s of arrivals over 60 s); an arm over
 its capacity has none (pow2 + fixed at 80%: 0.92 in the first 5 s, 0.005 in the last, its running requests
@@ -23,10 +23,13 @@ that arm scored 0.746 (0.335 over 60 s). The 1,000-replica runs stay short (4 s;
 100-replica ones) and overstate the weakest arms' attainment.
 
 Scale: the SLA router's decision time at 1,000 replicas (sampled candidates, as the simulator routes,
-and scoring every replica, for contrast) and the wall time of a 1,000-replica trace, extrapolated to the
-issue's 10 minutes from the trace's loaded second half: a 10-minute trace at 1,000 replicas and 80% load
-is ~8.7 million requests, held in memory from the start (several GB), and would run for over an hour here
-at the rate measured (bench/results/sim.md's Scale line says which). Validation: one
+and scoring every replica, for contrast) and the wall and CPU time of a 1,000-replica trace, extrapolated
+to the issue's 10 minutes from the trace's loaded second half: a 10-minute trace at 1,000 replicas and 80%
+load is ~8.7 million requests, held in memory from the start (several GB), and would run for over an hour
+here at the rate measured (bench/results/sim.md's Scale line says which). The trace is 30 s since session
+10: the fleet fills for ~12 s (its running requests 13k at 1 s, 41k at 5 s, 57k from 13 s on), and a step
+costs more the more requests it holds, so the second half of the earlier 10 s trace (5-10 s, 41-53k
+running) understated the steady state's cost per simulated second by about a fifth. Validation: one
 seeded workload on the real demo stack (two replicas, OpenAI HTTP, streaming; run twice to show the real
 cluster's own noise) and in the simulator with this machine's profile, whose SPS table is replaced by the
 one the real replicas use; throughput and p50/p99 TTFT and TPOT, both ways (bench/sim_validate.py: this
@@ -102,9 +105,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--scale-duration",
         type=float,
-        default=10.0,
-        help="simulated seconds of the 1,000-replica trace timed (600: the issue's 10 minutes as such; "
-        "it holds ~8.7 million requests, several GB, and runs for hours here)",
+        default=30.0,
+        help="simulated seconds of the 1,000-replica trace timed, extrapolated from its second half (30: "
+        "the fleet fills for ~10 s, then runs at ~40 requests a replica; 600: the issue's 10 minutes as "
+        "such, ~8.7 million requests, several GB, over an hour here)",
     )
     p.add_argument("--skip-validation", action="store_true")
     p.add_argument("--skip-scale", action="store_true")
@@ -169,15 +173,16 @@ def scale(args: argparse.Namespace) -> dict:
         drain_s=0.0,
         max_num_batched_tokens=args.max_num_batched_tokens,
     )
-    # Wall time of the trace's second half, the loaded part (it starts from an empty fleet).
-    half = [math.inf]
+    # Wall and CPU time of the trace's second half, the loaded part (it starts from an empty fleet). The
+    # CPU time is this process's own: on a shared machine it is what the simulation costs, the wall is not.
+    half = [math.inf, math.inf]
 
     def tick(now: float) -> None:
         if now >= s.duration_s / 2 and half[0] == math.inf:
-            half[0] = time.perf_counter()
+            half[:] = [time.perf_counter(), time.process_time()]
 
     result = run(s, tick)
-    loaded_wall = time.perf_counter() - half[0]
+    loaded_wall, loaded_cpu = time.perf_counter() - half[0], time.process_time() - half[1]
     cluster = result.pop("cluster")
     # Scoring every replica (no candidate sampling) on the final state, for contrast.
     arm = cluster.router
@@ -216,6 +221,10 @@ def scale(args: argparse.Namespace) -> dict:
         if math.isfinite(loaded_wall)
         else None,
         "wall_s_10min_1000_whole_trace": round(result["wall_s"] * 600.0 / args.scale_duration, 1),
+        "cpu_s": result["cpu_s"],
+        "cpu_s_10min_1000": round(loaded_cpu * 600.0 / (args.scale_duration / 2), 1)
+        if math.isfinite(loaded_cpu)
+        else None,
         "extrapolated": args.scale_duration < 600.0,
         "events": result["events"],
         "requests": result["summary"]["requests"],

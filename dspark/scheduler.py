@@ -28,6 +28,8 @@ a stop, so losslessness is untouched, and it ends at the envelope's global optim
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 
 Sps = Callable[[int], float]  # steps per second of a forward with B tokens in total
@@ -93,15 +95,21 @@ def schedule(
     tokens = num_requests + fixed_tokens
     tau = float(num_requests)
     best = tau * sps(tokens)
-    for kept, (r, j) in enumerate(ranked(survivals)):
+    # The ranking of `ranked`, as positions in the flattened rows: a stable sort by descending survival
+    # keeps equal ones in (request, position) order, its tie-break. Only the pairs the walk reaches are
+    # turned back into (request, position): the engine runs this every step, the stop comes early.
+    flat = list(itertools.chain.from_iterable(survivals))
+    starts = list(itertools.accumulate((len(surv) for surv in survivals), initial=0))
+    for kept, k in enumerate(sorted(range(len(flat)), key=flat.__getitem__, reverse=True)):
         if kept == step_cap:
             break
-        tau += survivals[r][j - 1]
+        tau += flat[k]
         tokens += 1
         theta = tau * sps(tokens)
         if theta <= best:
             break  # the stop: never look past a drop (see the module docstring)
-        lengths[r], best = j, theta
+        r = bisect.bisect_right(starts, k) - 1
+        lengths[r], best = k - starts[r] + 1, theta
     return lengths
 
 

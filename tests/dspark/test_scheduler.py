@@ -125,6 +125,41 @@ def test_prefix_property_on_random_rounds(seed):
             assert new <= theta
 
 
+def reference_schedule(survivals, sps, step_cap, fixed_tokens=0):
+    """Algorithm 1 walked over `ranked` itself, as schedule() did before it sorted positions instead."""
+    lengths, tokens = [0] * len(survivals), len(survivals) + fixed_tokens
+    tau = float(len(survivals))
+    best = tau * sps(tokens)
+    for kept, (r, j) in enumerate(ranked(survivals)):
+        if kept == step_cap:
+            break
+        tau, tokens = tau + survivals[r][j - 1], tokens + 1
+        theta = tau * sps(tokens)
+        if theta <= best:
+            break
+        lengths[r], best = j, theta
+    return lengths
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_schedule_walks_the_ranking_exactly(seed):
+    # Rows of every length (empty ones too), survivals drawn from a few values so ties are everywhere,
+    # tables flat (every token pays) and falling, caps that bind and do not: the same lengths as the walk
+    # over ranked()'s pairs, tie-break included.
+    rng = random.Random(seed)
+    tables = [CostTable([1, 64, 256, 1024], [100.0, 100.0, 40.0, 10.0], 2048), lambda b: 50.0]
+    for _ in range(300):
+        values = [1.0, 0.9, 0.75, 0.5, 0.3, 0.0] if rng.random() < 0.5 else None
+        rows = []
+        for _ in range(rng.randint(1, 60)):
+            confidences = [rng.choice(values) if values else rng.random() for _ in range(rng.randint(0, 8))]
+            rows.append(survival(confidences))
+        sps = rng.choice(tables)
+        walk = getattr(sps, "convex", sps)
+        cap, fixed = rng.choice([0, 3, 40, 10_000]), rng.choice([0, 5])
+        assert schedule(rows, walk, cap, fixed) == reference_schedule(rows, walk, cap, fixed)
+
+
 def test_pipelined_takes_capacity_from_history_and_ranks_live():
     flat_then_cliff = table({b: 10.0 if b <= 4 else 1.0 for b in range(1, 20)})
     live = [[0.2, 0.1], [0.9, 0.8]]

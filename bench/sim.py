@@ -29,7 +29,8 @@ load is ~8.7 million requests, held in memory from the start (several GB), and w
 here at the rate measured (bench/results/sim.md's Scale line says which). The trace is 30 s since session
 10: the fleet fills for ~12 s (its running requests 13k at 1 s, 41k at 5 s, 57k from 13 s on), and a step
 costs more the more requests it holds, so the second half of the earlier 10 s trace (5-10 s, 41-53k
-running) understated the steady state's cost per simulated second by about a fifth. Validation: one
+running) understated the steady state's CPU per simulated second by about a tenth (11.4 s against 12.5 s
+at 13-15 s, one 16 s trace at session 10's code on a shared machine). Validation: one
 seeded workload on the real demo stack (two replicas, OpenAI HTTP, streaming; run twice to show the real
 cluster's own noise) and in the simulator with this machine's profile, whose SPS table is replaced by the
 one the real replicas use; throughput and p50/p99 TTFT and TPOT, both ways (bench/sim_validate.py: this

@@ -3,17 +3,19 @@
 Timing follows the real stack. Each replica publishes its routing stats every `stats_period_s` (the
 app's `routing_stats_period_s`, 0.25 s by default) at its own phase; the router sees a snapshot
 `stats_delay_s` later (Serve's controller polls the replica and broadcasts to the routers). A request
-goes to the first replica of the arm's ranking that has a free slot (Serve's max_ongoing_requests =
-max_num_seqs); with none, it waits in the router's queue and is routed again whenever a slot frees, as
+goes to the first replica of the arm's ranking that has a free slot (Serve's max_ongoing_requests: each
+replica's max_num_seqs, or one value for the deployment, whose engine refuses what it has no sequence
+slot for: a 429); with none, it waits in the router's queue and is routed again whenever a slot frees, as
 Serve backs off and retries. The engine may still refuse it (KV exhausted): a 429 to the client.
 Failures kill a replica's requests and bring a fresh replica (new id, no stats yet) after a downtime.
-Replicas of a profile with a host block are placed `host.replicas` to a host, whose cores they share with
-the serving path (sim/host.py); a replacement takes its predecessor's place. There the serving path's
-latency stretches with the host's contention (sim/host.py). A profile that measured the path's way in
-(`request_path_in_s`) has the router see a request at the end of it and the engine's first token reach
-the client the rest of the path later (every later token as much later: TPOT keeps); without it the whole
-path comes before the router. Each request records when its replica took it and ran its first prompt
-chunk (TTFT in parts: Request.ttft_parts).
+Replicas of a profile with a host block are placed `host.replicas` to a host in fleet order (across
+groups with the same host block), whose cores they share with the serving path (sim/host.py); a
+replacement takes its predecessor's place. There the serving path's latency stretches with the host's
+contention (sim/host.py). A profile that measured the path's way in (`request_path_in_s`) has the router
+see a request at the end of it and the engine's first token reach the client the rest of the path later
+(every later token as much later: TPOT keeps); without it the whole path comes before the router. Each
+request records when its replica took it and ran its first prompt chunk (TTFT in parts:
+Request.ttft_parts).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from deployments.replica_state import RecentRounds
+from deployments.replica_state import RecentForwards, RecentRounds
 from dspark.draft_budget import DraftBudget
 from router.policy import PolicyConfig, Sla
 from sim.events import EventQueue
@@ -69,6 +71,11 @@ class ClusterConfig:
     candidates: int = 8
     # The SLA arm scales its TPOT by each replica's published decode steps (PolicyConfig.calibrate_tpot).
     calibrate_tpot: bool = False
+    # The SLA arm's whole policy configuration, when not the defaults (calibrate_tpot above then unused).
+    policy: PolicyConfig | None = None
+    # Serve's max_ongoing_requests, one value for every replica (deployments/config.py); None: each
+    # replica's own max_num_seqs.
+    max_ongoing_requests: int | None = None
     failures: Sequence[Failure] = ()
     seed: int = 0
     timeline_period_s: float = 1.0
@@ -100,20 +107,26 @@ class Cluster:
         self._group_of: dict[str, Group] = {}
         self._host_of: dict[str, Host] = {}
         self._path_host: Host | None = None  # where the serving path runs: the fleet's first host
+        host, placed = None, 0  # the host being filled, and the replicas on it
         for g, group in enumerate(config.fleet):
-            cost, host = group.profile.host, None
+            cost = group.profile.host
             for i in range(group.count):
                 replica = self._add(group, f"{group.name or group.profile.name}-{g}.{i}")
                 if cost is not None:
-                    host = Host(cost) if i % cost.replicas == 0 else host
+                    # In fleet order, across groups of the same host block: two groups of one replica
+                    # each (different max_num_seqs) share a host as one group of two would.
+                    if host is None or host.cost != cost or placed == cost.replicas:
+                        host, placed = Host(cost), 0
+                    placed += 1
                     self._host_of[replica.replica_id] = host
                     self._path_host = self._path_host or host
         self._visible: dict[str, dict] = {}
         self._recent: dict[str, RecentRounds] = {}
+        self._forwards: dict[str, RecentForwards] = {}
         self._epoch: dict[str, int] = {}
         self.waiting: deque[Request] = deque()
         # Free sequence slots over the live fleet: whether a waiting request could go anywhere, in O(1).
-        self.free_slots = sum(r.profile.max_num_seqs for r in self.replicas)
+        self.free_slots = sum(r.max_ongoing for r in self.replicas)
         self.router = self._make_router()
         self.timeline = Timeline()
         self._last_tokens = 0
@@ -131,6 +144,7 @@ class Cluster:
             group.slow,
             seed=self.rng.getrandbits(32),
             draft_gate=group.draft_gate,
+            max_ongoing=self.config.max_ongoing_requests,
         )
         self.replicas.append(replica)
         self._by_id[replica_id] = replica
@@ -144,7 +158,7 @@ class Cluster:
         if c.router == "round_robin":
             return RoundRobin()
         if c.router == "sla":
-            config = PolicyConfig(calibrate_tpot=c.calibrate_tpot)
+            config = c.policy or PolicyConfig(calibrate_tpot=c.calibrate_tpot)
             return SlaArm(c.classes, c.default_class, self._visible.get, c.seed, c.candidates, config)
         raise ValueError(f"unknown router arm {c.router!r}")
 
@@ -155,10 +169,7 @@ class Cluster:
         # Its way in ends where the replica receives the request (the router decided on the way); its way
         # back delays the first token to the client. Unsplit, the whole path comes before the router.
         for req in self.requests:
-            if self._path_host is None:  # its own CPUs: the path takes its measured time
-                self.q.at(req.arrival + self._inbound[0], self._route, req)
-            else:  # on a host: as long as the host's contention makes it when the request arrives
-                self.q.at(req.arrival, self._arrive, req)
+            self.submit(req)
         for replica in self.replicas:
             self._start_publishing(replica)
         for f in self.config.failures:
@@ -167,6 +178,14 @@ class Cluster:
         if self.config.controller is not None:
             self.q.at(self.config.control_period_s, self._control)
         self.q.run(until, tick)
+
+    def submit(self, req: Request) -> None:
+        """`req` arrives at its `arrival` (now or later): the trace's requests as the run starts, and a
+        closed-loop client's next ones as it goes (bench/route_sim.py)."""
+        if self._path_host is None:  # its own CPUs: the path takes its measured time
+            self.q.at(req.arrival + self._inbound[0], self._route, req)
+        else:  # on a host: as long as the host's contention makes it when the request arrives
+            self.q.at(req.arrival, self._arrive, req)
 
     def _alive(self) -> list[SimReplica]:
         # Kept, not rebuilt per request: at 1,000 replicas a per-request scan of the fleet cost more
@@ -275,12 +294,14 @@ class Cluster:
 
     def _start_publishing(self, replica: SimReplica) -> None:
         self._recent[replica.replica_id] = RecentRounds()
+        self._forwards[replica.replica_id] = RecentForwards()
         self.q.after(self.rng.random() * self.config.stats_period_s, self._publish, replica)
 
     def _publish(self, replica: SimReplica) -> None:
         if not replica.alive:
             return
-        stats = snapshot(replica, self._recent[replica.replica_id], self.q.now)
+        rid = replica.replica_id
+        stats = snapshot(replica, self._recent[rid], self.q.now, self._forwards[rid])
         self.q.after(self.config.stats_delay_s, self._deliver, replica.replica_id, stats)
         self.q.after(self.config.stats_period_s, self._publish, replica)
 
@@ -294,7 +315,7 @@ class Cluster:
         if not alive:
             return
         replica = alive[f.replica % len(alive)]
-        self.free_slots -= replica.profile.max_num_seqs - len(replica.seqs)
+        self.free_slots -= replica.max_ongoing - len(replica.seqs)
         host = self._host_of.get(replica.replica_id)
         if host is not None and replica.stepping:
             host.stepping -= 1
@@ -312,7 +333,7 @@ class Cluster:
         fresh = self._add(group, f"{dead.replica_id}~{len(self.retired)}")
         if dead.replica_id in self._host_of:
             self._host_of[fresh.replica_id] = self._host_of[dead.replica_id]
-        self.free_slots += fresh.profile.max_num_seqs
+        self.free_slots += fresh.max_ongoing
         self._start_publishing(fresh)
         self._retry_waiting()
 

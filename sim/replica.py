@@ -86,6 +86,9 @@ class Counters:
     # and the steps' time alone on a core (step_time_s less the host's stretch: the engine thread's CPU).
     forward_tokens: int = 0
     alone_time_s: float = 0.0
+    # The forwards' wall time on the host (forward_time_s stretched by the host's contention): what the
+    # engine's own forward_time_s measures, so what the replica publishes (sim/stats.py).
+    forward_wall_s: float = 0.0
     max_pages_used: int = 0
     # Request-rounds by (drafts verified, drafts accepted): acceptance by position follows from it.
     verify_accept: Counter = field(default_factory=Counter)
@@ -101,8 +104,13 @@ class SimReplica:
         slow: float = 1.0,
         seed: int = 0,
         draft_gate: bool = True,
+        max_ongoing: int | None = None,
     ) -> None:
         self.replica_id, self.profile, self.scheduler = replica_id, profile, scheduler
+        # Serve's max_ongoing_requests: how many requests Serve lets the replica hold. One value for the
+        # whole deployment, so a replica with fewer sequence slots is sent more than it can run, and its
+        # engine refuses the rest (admit). None: its own max_num_seqs.
+        self.max_ongoing = max_ongoing or profile.max_num_seqs
         self.slow = slow
         self.pages = PageManager(profile.kv_pages, profile.page_size)
         self.table = profile.cost_table()
@@ -124,7 +132,8 @@ class SimReplica:
     # ---- admission ----------------------------------------------------------------------------------
 
     def has_slot(self) -> bool:
-        return self.alive and len(self.seqs) < self.profile.max_num_seqs
+        """Serve would send it a request: fewer than max_ongoing in flight (the engine may still refuse)."""
+        return self.alive and len(self.seqs) < self.max_ongoing
 
     def admit(self, req: Request) -> str | None:
         """Take the request (None) or refuse it with the engine's reason (KV exhausted, engine full)."""
@@ -244,6 +253,7 @@ class SimReplica:
         c.alone_time_s += plan.seconds / plan.stretch
         c.forward_tokens += plan.tokens
         c.forward_time_s += plan.forward_seconds
+        c.forward_wall_s += plan.forward_seconds * plan.stretch
         first, done = [], []
         rng = self.rng.random
         seqs, truncate, acceptance = self.seqs, self.pages.truncate, self.profile.acceptance

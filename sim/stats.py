@@ -3,19 +3,24 @@
 The real replica builds it from its Engine; here it comes from the SimReplica's state and counters, with
 the recent-rounds rates computed by the real deployments.replica_state.RecentRounds (among them the
 measured wall time of a decode step per round, from the simulated steps' own times, which the router
-calibrates its TPOT by).
+calibrates its TPOT by) and the recent forward rate by its RecentForwards (which the router scales the
+replica's table by). Times are wall times on the replica's host, as the engine measures them: a forward
+stretched by the host's contention runs at a lower rate, and the step over the forward keeps only the
+engine's own overhead.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
-from deployments.replica_state import COUNTERS, MAX_REMAINING_REPORTED, RecentRounds
+from deployments.replica_state import COUNTERS, MAX_REMAINING_REPORTED, RecentForwards, RecentRounds
 from dspark.verify_policy import SCHEDULED_MODES
 from sim.replica import SimReplica
 
 
-def snapshot(replica: SimReplica, recent: RecentRounds, now: float) -> dict:
+def snapshot(
+    replica: SimReplica, recent: RecentRounds, now: float, forwards: RecentForwards | None = None
+) -> dict:
     seqs = list(replica.seqs.values())
     queued = [s for s in seqs if not s.decoding]
     c = replica.counters
@@ -43,11 +48,12 @@ def snapshot(replica: SimReplica, recent: RecentRounds, now: float) -> dict:
             c.accepted_tokens,
             c.drafted_tokens,
             c.step_time_s,
-            c.forward_time_s,
+            c.forward_wall_s,
             c.round_time_s,
             c.round_tokens,
             now,
         ),
+        **(forwards.update(c.steps, c.forward_tokens, c.forward_wall_s) if forwards is not None else {}),
         "draft_window": replica.gamma,
         "adaptive_verify": replica.scheduler in SCHEDULED_MODES,
         "draft_budget": replica.budget.to_dict(),

@@ -234,3 +234,35 @@ def test_on_a_busy_host_the_path_stretches_and_ttft_adds_up_from_its_parts():
         profile=small_profile(host=dataclasses.replace(cost, path_stretches=False), request_path_s=0.015),
     )
     assert {round(r.ttft_parts[0], 9) for r in flat if r.outcome == "done"} == {0.015}
+
+
+def test_groups_with_one_host_block_fill_its_hosts_in_fleet_order():
+    """Two replicas that differ in max_num_seqs (two groups of one) share a host as two alike would."""
+    cost = HostCost(cores=2, replicas=2)
+    fleet = [Group(small_profile(host=cost, max_num_seqs=n), 1, name=f"x{n}") for n in (8, 2, 4)]
+    cluster = Cluster(ClusterConfig(fleet=fleet, classes=CLASSES, default_class="standard"), [])
+    hosts = [cluster._host_of[r.replica_id] for r in cluster.replicas]
+    assert hosts[0] is hosts[1] and hosts[2] is not hosts[0]
+
+
+def test_the_forward_rate_a_replica_publishes_is_its_forwards_wall_time_on_the_host():
+    """The engine times its forwards by the wall clock: on a host with half a core for it they take
+    twice the modelled time, and the router scales the table by the rate it publishes from that."""
+    from deployments.replica_state import RecentForwards, RecentRounds
+    from sim.stats import snapshot
+
+    cost = HostCost(cores=1, replicas=1, idle_cores=0.5)  # the engine gets the other half of the core
+    req = Request(rid=0, arrival=0.0, prompt_tokens=32, max_tokens=40, sla_class="standard", domain="easy")
+    config = ClusterConfig(
+        fleet=[Group(small_profile(host=cost), 1, "plain", drafting=False)],
+        classes=CLASSES,
+        default_class="standard",
+        router="pow2",
+    )
+    cluster = Cluster(config, [req])
+    cluster.run(100.0)
+    (replica,) = cluster.replicas
+    c = replica.counters
+    assert c.forward_wall_s == pytest.approx(2 * c.forward_time_s)
+    stats = snapshot(replica, RecentRounds(), cluster.q.now, RecentForwards())
+    assert stats["recent_forward_sps"] == pytest.approx(c.steps / c.forward_wall_s, rel=1e-3)

@@ -143,8 +143,9 @@ def test_the_real_router_and_scheduler_decide(monkeypatch):
 # The SLA router's every decision (action, ranking, scores, exclusions) on simulate("sla"), as the
 # policy decided them before its decision-speed work (main at 8a9d8ea): a change to the scoring's
 # internals must leave this digest alone; change it only with a change meant to decide otherwise (of
-# the policy, or of the simulated replicas whose stats it reads).
-PINNED_DECISIONS = (182, "7e5b7fc42498f4464fcbee6685f8057841d10a1055684cee6771e5215a3af251")
+# the policy, or of the simulated replicas whose stats it reads: session 10, they publish their recent
+# forward rate, RecentForwards, as the real ones do).
+PINNED_DECISIONS = (182, "d923e41e9e025e1858cf1c030b076905b7dfb78508105b3d916127e668ff0c42")
 
 
 def test_the_routers_decisions_on_a_seeded_trace_are_the_pinned_ones(monkeypatch):
@@ -316,3 +317,25 @@ def test_the_decode_steps_each_round_waited_for_are_the_requests_decode_time():
     assert published["recent_round_s"] == round(c.round_time_s / c.rounds, 6)
     assert published["recent_round_tokens"] == round(c.round_tokens / c.rounds, 2)
     assert published["recent_round_ts"] == 5.0
+
+
+def test_one_max_ongoing_for_the_deployment_sends_a_small_replica_more_than_its_engine_runs():
+    """Serve's max_ongoing_requests is one value for every replica: a replica with fewer sequence slots
+    is sent up to it and its engine refuses the rest (a 429); by default each replica's own slots bound
+    what Serve sends it, and the rest wait."""
+
+    def outcomes(max_ongoing: int | None) -> Counter:
+        small = dataclasses.replace(small_profile(), max_num_seqs=2, cache={})
+        requests = [Request(i, 0.0, 32, 40, "standard", "easy") for i in range(6)]
+        config = ClusterConfig(
+            fleet=[Group(small, 1)],
+            classes=CLASSES,
+            default_class="standard",
+            router="pow2",
+            max_ongoing_requests=max_ongoing,
+        )
+        Cluster(config, requests).run(100.0)
+        return Counter(r.outcome for r in requests)
+
+    assert outcomes(8) == {"done": 2, "refused": 4}
+    assert outcomes(None) == {"done": 6}

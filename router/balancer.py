@@ -20,8 +20,15 @@ from collections.abc import Container, Mapping
 from dataclasses import dataclass, replace
 
 from router import decisions
-from router.policy import Decision, Newcomer, PolicyConfig, ReplicaState, Sla, decide
-from router.signals import Ledger, prefill_rate, prompt_tokens_admitted, replica_state, speed_of
+from router.policy import Decision, Newcomer, PolicyConfig, ReplicaState, Sla, Speed, decide
+from router.signals import (
+    Ledger,
+    prefill_rate,
+    prompt_tokens_admitted,
+    replica_state,
+    smooth_speed,
+    speed_of,
+)
 
 PREFIX_MEMORY_S = 2.0  # a few stats periods (0.25 s) plus a prefill: then the pushed summary has it
 PREFIX_MEMORY_PAGES = 4096  # per replica: bounds the memory under a flood of distinct prompts
@@ -67,6 +74,17 @@ def _prefill_rate(before: _Parsed | None, version: object, admitted: int | None)
     if seconds <= 0 or admitted < before.prompt_tokens:
         return before.prefill_rate
     return prefill_rate(before.prefill_rate, admitted - before.prompt_tokens, seconds)
+
+
+def _speed_before(parsed: _Parsed | None) -> Speed | None:
+    return parsed.state.speed if parsed is not None else None
+
+
+def _seconds_since(parsed: _Parsed | None, version: object) -> float:
+    """Seconds from the previous stats version to `version` on the replica's clock (0: not comparable)."""
+    if parsed is None or parsed.version is None or version is None:
+        return 0.0
+    return max(0.0, float(version) - float(parsed.version))
 
 
 class Balancer:
@@ -152,6 +170,9 @@ class Balancer:
             # First sight of this snapshot: it was taken no later than now, whatever the replica's clock.
             snapshot_at = min(float(version), now) if version is not None else -math.inf
             speed = speed_of(stats, self.prior_acceptance, self.config.calibrate_tpot) if stats else None
+            if speed is not None:
+                seconds = _seconds_since(parsed, version)
+                speed = smooth_speed(_speed_before(parsed), speed, seconds, self.config.speed_half_life_s)
             admitted = prompt_tokens_admitted(stats) if stats else None
             rate = _prefill_rate(parsed, version, admitted)
             base = replica_state(replica_id, stats, speed, self.classes, self.default, math.inf, rate or 0.0)

@@ -201,6 +201,9 @@ class PolicyConfig:
     # small differences between their predicted speeds (noise, when both are comfortably fast).
     ample_slack: float = 0.5
     stale_after_s: float = 1.0  # stats older than this rank after fresh ones
+    # A replica's measured speed (tau, forward rate, overhead, calibration) is smoothed over this
+    # half-life across its stats readings (router/signals.py smooth_speed); 0: each reading as it is.
+    speed_half_life_s: float = 1.0
     # Predict TPOT with the prefill chunks co-scheduled in the decode steps (module docstring). Off by
     # default: closer to what requests see, but in the simulator (10 GPU-class replicas, 80% load,
     # max_num_batched_tokens 2048) it lowered SLA attainment (engine scheduling 0.854 -> 0.777, with the
@@ -223,6 +226,8 @@ class PolicyConfig:
             raise ValueError(f"tie_margin must be >= 0, got {self.tie_margin!r}")
         if not 0 < self.ample_slack <= 1:
             raise ValueError(f"ample_slack must be in (0, 1], got {self.ample_slack!r}")
+        if not self.speed_half_life_s >= 0:
+            raise ValueError(f"speed_half_life_s must be >= 0, got {self.speed_half_life_s!r}")
         if not self.stale_after_s > 0:
             raise ValueError(f"stale_after_s must be > 0, got {self.stale_after_s!r}")
         if not 0 <= self.min_retry_s <= self.max_retry_s:

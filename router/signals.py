@@ -128,6 +128,36 @@ def speed_of(stats: Mapping, prior_acceptance: float, calibrate: bool = True) ->
     )
 
 
+def smooth_speed(previous: Speed | None, current: Speed, seconds: float, half_life_s: float) -> Speed:
+    """`current`'s measured parts (the acceptance, the table's rates as scaled to the measured forward
+    rate, the step overhead, the decode calibration) smoothed exponentially over `half_life_s`: `previous`
+    (the last smoothed speed) moved toward `current` by 1 - 0.5 ** (seconds / half_life_s), `seconds`
+    between the two readings; `current` when there is no previous, no half-life, or the two cannot be
+    blended (another table's points, no time between them).
+
+    One reading covers a stats period, a few steps: its tau swings with which requests happened to run
+    (1.0 to 4.4 seen on one replica within seconds), and its forward rate with what else the machine ran
+    in those steps. The policy reads that noise as speed: of two equal replicas, the one that looked
+    faster last takes the next requests though it is not faster, and its batch grows. A replica's speed
+    changes over seconds (its drafter, its batch's prompts, the machine's load), not from one step to
+    the next, so a second's memory keeps what is real and drops most of the noise."""
+    if previous is None or seconds <= 0 or half_life_s <= 0 or previous.sps.points != current.sps.points:
+        return current
+    keep = 0.5 ** (seconds / half_life_s)
+
+    def blend(old: float, new: float) -> float:
+        return keep * old + (1.0 - keep) * new
+
+    rates = tuple(blend(a, b) for a, b in zip(previous.sps.rates, current.sps.rates))
+    return replace(
+        current,
+        sps=SpsTable(current.sps.points, rates),
+        acceptance=blend(previous.acceptance, current.acceptance),
+        overhead=blend(previous.overhead, current.overhead),
+        calibration=blend(previous.calibration, current.calibration),
+    )
+
+
 PREFILL_RATE_HALF_LIFE_S = 2.0  # a few seconds of arrivals: one stats period holds only a few prompts
 
 

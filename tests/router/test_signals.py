@@ -4,13 +4,14 @@ and aged; the Balancer that keeps them between decisions."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import replace
 
 import pytest
 
 from router import decisions
 from router.balancer import PREFIX_MEMORY_S, Balancer
-from router.policy import Newcomer, PolicyConfig, PromptPages, Sla, predict, step_time, tau
+from router.policy import Newcomer, PolicyConfig, PromptPages, Sla, SpsTable, predict, step_time, tau
 from router.signals import (
     CALIBRATION_MAX_AGE_S,
     MAX_CALIBRATION,
@@ -21,6 +22,7 @@ from router.signals import (
     decode_calibration,
     fit_acceptance,
     replica_state,
+    smooth_speed,
     speed_of,
     sps_scale,
 )
@@ -360,3 +362,73 @@ def test_the_prompt_inflow_is_measured_from_the_replicas_admitted_prompt_tokens_
     assert state.prefill_rate == pytest.approx(1000.0)
     (state,) = lb.states({"r": stats(13.5)}, 13.5)  # a backend that does not count: the estimate stays
     assert state.prefill_rate == pytest.approx(1000.0)
+
+
+def test_a_replicas_speed_is_smoothed_over_its_readings():
+    before = speed_of(stats(10.0), 0.5)
+    reading = replace(
+        before,
+        sps=SpsTable(before.sps.points, (60.0, 12.0)),
+        acceptance=before.acceptance + 0.2,
+        overhead=2.25,
+        calibration=2.0,
+    )
+    half = smooth_speed(before, reading, 1.0, 1.0)  # one half-life: halfway
+    assert half.sps.rates == pytest.approx((80.0, 16.0)) and half.overhead == pytest.approx(1.75)
+    assert half.acceptance == pytest.approx(before.acceptance + 0.1) and half.calibration == pytest.approx(
+        1.5
+    )
+    assert smooth_speed(before, reading, 2.0, 1.0).acceptance == pytest.approx(before.acceptance + 0.15)
+    # The first reading, no time between, no half-life, another table: the reading as it is.
+    other = replace(reading, sps=SpsTable((1, 128), (60.0, 12.0)))
+    for args in ((None, reading, 1.0, 1.0), (before, reading, 0.0, 1.0), (before, reading, 1.0, 0.0)):
+        assert smooth_speed(*args) is reading
+    assert smooth_speed(before, other, 1.0, 1.0) is other
+
+
+def test_the_balancer_smooths_each_replicas_speed_from_one_stats_version_to_the_next():
+    def acceptance(half_life_s: float) -> float:
+        lb = Balancer(PolicyConfig(speed_half_life_s=half_life_s), CLASSES, "standard", seed=0)
+        lb.states({"r": stats(10.0, recent_tau=2.0)}, 10.0)
+        lb.states({"r": stats(10.5, recent_tau=4.0)}, 10.5)
+        (state,) = lb.states({"r": stats(10.5, recent_tau=4.0)}, 10.9)  # the same version: kept
+        return state.speed.acceptance
+
+    low, high = fit_acceptance(2.0, 4.0, 0.5), fit_acceptance(4.0, 4.0, 0.5)
+    assert acceptance(0.0) == pytest.approx(high)  # each reading as it is
+    assert acceptance(0.5) == pytest.approx((low + high) / 2)  # half a second: one half-life
+
+
+def test_equal_replicas_share_requests_though_one_reads_faster_for_a_while():
+    """Two identical replicas; for 2 s one measures tau 2.6 and the other 1.4 (which requests happened
+    to run there), then both 1.8 again. A request a reading, each tight enough that slack decides: read
+    as it is, the lucky replica draws 10 of 12; smoothed over a second, 8."""
+    sla = Sla("interactive", ttft_s=1.0, tpot_s=0.016, priority=0, may_shed=True)
+    idle = dict(
+        running_requests=0,
+        queued_requests=0,
+        queued_prefill_tokens=0,
+        remaining_tokens=[],
+        running_by_class={},
+        adaptive_verify=False,
+        draft_budget={},
+        max_num_seqs=32,
+        kv_unreserved_pages=4000,
+        kv_total_pages=4000,
+    )
+
+    def shares(half_life_s: float) -> Counter:
+        lb = Balancer(PolicyConfig(speed_half_life_s=half_life_s), {"interactive": sla}, "interactive")
+        sent: Counter = Counter()
+        for k in range(12):
+            now = 100.0 + 0.25 * k
+            tau_a, tau_b = (1.8, 1.8) if k < 4 else (2.6, 1.4)
+            readings = {"a": stats(now, recent_tau=tau_a, **idle), "b": stats(now, recent_tau=tau_b, **idle)}
+            newcomer = Newcomer(20, 20, sla)
+            chosen = lb.decide(newcomer, f"k{k}", readings, now).ranking[0]
+            lb.routed(chosen, f"k{k}", newcomer, now)  # stays on the ledger: the readings never hold it
+            sent[chosen] += 1
+        return sent
+
+    assert shares(0.0) == {"a": 10, "b": 2}
+    assert shares(1.0) == {"a": 8, "b": 4}

@@ -144,8 +144,9 @@ def test_the_real_router_and_scheduler_decide(monkeypatch):
 # policy decided them before its decision-speed work (main at 8a9d8ea): a change to the scoring's
 # internals must leave this digest alone; change it only with a change meant to decide otherwise (of
 # the policy, or of the simulated replicas whose stats it reads: session 10, they publish their recent
-# forward rate, RecentForwards, as the real ones do).
-PINNED_DECISIONS = (182, "d923e41e9e025e1858cf1c030b076905b7dfb78508105b3d916127e668ff0c42")
+# forward rate, RecentForwards, as the real ones do; and the router smooths each replica's speed over
+# its readings, PolicyConfig.speed_half_life_s).
+PINNED_DECISIONS = (182, "246cdef3cb46db3655357efb6944ce44741c66b5f1e63171a4d5d73f1253b70c")
 
 
 def test_the_routers_decisions_on_a_seeded_trace_are_the_pinned_ones(monkeypatch):

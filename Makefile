@@ -53,6 +53,8 @@ bench: models
 # ~7.5 min: two real runs of ~2.5 and the measurement ~2). `$(PY) bench/sim.py --quick` is a smoke run.
 sim: install
 	$(PY) bench/sim.py --models $(MODELS)
+	$(PY) bench/route_sim.py  # bench/route.py's two settings simulated, 12 seeds: ~1 min
+	$(PY) bench/route_sim.py --tau-spread 0.45 --out bench/results/route_sim_tau_spread.json
 
 # The main job: an embedded local Ray serving the demo stack (OpenAI HTTP :8000, gRPC :9000);
 # builds the models first if they are absent. Ctrl-C shuts it down.

@@ -112,9 +112,15 @@ class Balancer:
         self._lock = threading.Lock()
 
     def decide(
-        self, newcomer: Newcomer, key: str, stats: Mapping[str, Mapping | None], now: float
+        self,
+        newcomer: Newcomer,
+        key: str,
+        stats: Mapping[str, Mapping | None],
+        now: float,
+        waited_s: float = 0.0,
     ) -> Decision:
-        """Rank the replicas for `newcomer`; `stats` maps replica id -> its latest routing stats.
+        """Rank the replicas for `newcomer`; `stats` maps replica id -> its latest routing stats;
+        `waited_s` how long the request has waited for a replica already (its TTFT counts it).
 
         A routed request enters the ledger at once (tentatively), so a burst decided before Serve
         confirms any of it does not all land on the same replica; one decided again withdraws its
@@ -127,7 +133,7 @@ class Balancer:
                 state, age = self._state(rid, s, now)
                 states.append(state)
                 ages.append(age)
-            decision = decide(states, newcomer, self.config, self._rng, ages)
+            decision = decide(states, newcomer, self.config, self._rng, ages, waited_s)
             if decision.action == "route":
                 first = decision.ranking[0]
                 self.ledger.sent(first, key, newcomer, self._page_size(first), now)

@@ -76,7 +76,13 @@ The choice (llm-d's endpoint picker's shape: filters -> scorers -> pick).
   the replica runs now); a class that may not shed goes where its slack is largest. When no replica
   passes the filters at all, the request is refused with that hint too, whatever its class, as the
   engine refuses a request its KV cache cannot hold, unless some replica lacks only a free sequence
-  slot: then a class that may not shed waits for one, as Serve queues a request for a full replica.
+  slot: then a class that may not shed waits for one, as Serve queues a request for a full replica, and
+  so does one that may, if a slot is predicted to free soon enough for its first token to meet its
+  TTFT target. Refusing it at once loses requests that would have met their SLA after a short wait
+  (two equal replicas near capacity are both full for moments at a time: the simulated uniform setting
+  of bench/route.py refused 2 % of its requests at 0.8 x capacity that way, and lost to pow2).
+  The TTFT target runs from the request's arrival: the time it has waited for a replica already
+  (`waited_s`: in Serve's queue, or deciding again after a wait) counts in its TTFT slack.
 """
 
 from __future__ import annotations
@@ -459,11 +465,14 @@ def resident_backlog(state: ReplicaState, newcomer: Newcomer, prompt_tokens: int
     return backlog / max(1.0, tokens / gain)
 
 
-def predict(state: ReplicaState, newcomer: Newcomer, inflow_rate: float | None = None) -> Prediction:
+def predict(
+    state: ReplicaState, newcomer: Newcomer, inflow_rate: float | None = None, waited_s: float = 0.0
+) -> Prediction:
     """What the newcomer would see on `state`, and its residents with it. With `inflow_rate` (prompt
     tokens per second reaching the replica while the newcomer decodes) the steps carry prefill: that
     inflow, and for the residents the queue and the newcomer's prompt. None: decode tokens only (the
-    policy's default, `PolicyConfig.prefill_aware`)."""
+    policy's default, `PolicyConfig.prefill_aware`). `waited_s`: how long it has waited for a replica
+    already, which its TTFT target counts too (the prediction's ttft_s is from now)."""
     speed = state.speed
     assert speed is not None
     cached = cached_tokens(state, newcomer)
@@ -477,7 +486,7 @@ def predict(state: ReplicaState, newcomer: Newcomer, inflow_rate: float | None =
         inflow = prefill_per_step(speed, batch, inflow_rate)
         own = tpot(speed, batch, newcomer.sla.name, inflow)
         others = tpot(speed, batch, None, inflow + resident_backlog(state, newcomer, prompt))
-    score = slack(newcomer.sla, first, own, newcomer.max_tokens)
+    score = slack(newcomer.sla, waited_s + first, own, newcomer.max_tokens)
     for sla in state.running_slas:
         if sla.priority <= newcomer.sla.priority:  # harm to less important classes does not count
             score = min(score, (sla.tpot_s - others) / sla.tpot_s)
@@ -516,9 +525,11 @@ def decide(
     config: PolicyConfig,
     rng: random.Random,
     ages: Sequence[float] | None = None,
+    waited_s: float = 0.0,
 ) -> Decision:
     """Rank `replicas` for `newcomer`. `ages`: each replica's signal age, in the same order, when their
-    states do not carry it (the only thing age decides is the fresh/stale tier)."""
+    states do not carry it (the only thing age decides is the fresh/stale tier). `waited_s`: how long the
+    request has waited for a replica already (its TTFT runs from its arrival)."""
     excluded: dict[str, str] = {}
     candidates: list[Candidate] = []
     inflow = inflow_rate(replicas) if config.prefill_aware else None
@@ -528,14 +539,17 @@ def decide(
             excluded[state.replica_id] = reason
             continue
         t = tier(state, config, age_s)
-        candidates.append(Candidate(state, t, predict(state, newcomer, inflow) if t < 2 else None))
+        candidates.append(Candidate(state, t, predict(state, newcomer, inflow, waited_s) if t < 2 else None))
     sla = newcomer.sla
     if not candidates:
-        if sla.may_shed or NO_SLOT not in excluded.values() or never_fits(replicas, newcomer):
-            return _shed(replicas, newcomer, config, "no replica has room", excluded, inflow)
-        return Decision(
-            "wait", (), "every replica with KV room is at max_num_seqs; waiting", excluded=excluded
-        )
+        # Full, not out of KV room: a patient class waits for a slot, as Serve queues a request for a
+        # full replica; one that may shed waits too if a slot is predicted to free in time for its TTFT.
+        if NO_SLOT in excluded.values() and not never_fits(replicas, newcomer):
+            if not sla.may_shed or slot_soon(replicas, newcomer, excluded, inflow, waited_s):
+                return Decision(
+                    "wait", (), "every replica with KV room is at max_num_seqs; waiting", excluded=excluded
+                )
+        return _shed(replicas, newcomer, config, "no replica has room", excluded, inflow)
     if not any(c.feasible for c in candidates) and sla.may_shed:
         reason = f"no replica can meet SLA class {sla.name!r}"
         return _shed(replicas, newcomer, config, reason, excluded, inflow)
@@ -544,6 +558,27 @@ def decide(
     ranking = (chosen.state.replica_id, *(c.state.replica_id for c in order if c is not chosen))
     reason = "meets the SLA" if chosen.feasible else "best slack; no replica meets the SLA"
     return Decision("route", ranking, reason, candidates=tuple(order), excluded=excluded)
+
+
+def slot_soon(
+    replicas: Sequence[ReplicaState],
+    newcomer: Newcomer,
+    excluded: Mapping[str, str],
+    inflow: float | None,
+    waited_s: float = 0.0,
+) -> bool:
+    """Whether a replica that lacks only a free sequence slot is predicted to take the newcomer soon
+    enough that its first token still meets the TTFT target: the wait for room (time_until_room) plus
+    its TTFT on the replica as it is now (no sooner once room frees: its queue is still ahead)."""
+    target = newcomer.sla.ttft_s
+    for state in replicas:
+        if excluded.get(state.replica_id) != NO_SLOT:
+            continue
+        prompt = max(1, newcomer.prompt_tokens - cached_tokens(state, newcomer))
+        budget = target - waited_s - ttft(state, prompt)
+        if budget > 0 and time_until_room(state, newcomer, inflow, budget) <= budget:
+            return True
+    return False
 
 
 def inflow_rate(replicas: Sequence[ReplicaState]) -> float:

@@ -71,8 +71,10 @@ class SLARequestRouter(FIFOMixin, RequestRouter):
         pending_request.routing_context.should_backoff = True
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         stats = {rid: r.routing_stats for rid, r in by_id.items()}
+        now = time.time()
+        waited = max(0.0, now - pending_request.created_at)  # in Serve's queue: its TTFT runs already
         decision = self.balancer.decide(
-            route, pending_request.metadata.internal_request_id, stats, time.time()
+            route, pending_request.metadata.internal_request_id, stats, now, waited
         )
         if decision.action == "shed":
             if not pending_request.future.done():

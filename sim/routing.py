@@ -111,7 +111,8 @@ class SlaArm:
         pool = replicas if len(replicas) <= self.candidates else self.rng.sample(replicas, self.candidates)
         stats = {r.replica_id: self.stats(r.replica_id) for r in pool}
         start, cpu = time.perf_counter(), time.thread_time()
-        decision = self.balancer.decide(self.newcomer(req), str(req.rid), stats, now)
+        waited = max(0.0, now - req.arrival)  # its TTFT runs from its arrival
+        decision = self.balancer.decide(self.newcomer(req), str(req.rid), stats, now, waited)
         self.decision_cpu_s.append(time.thread_time() - cpu)
         self.decision_s.append(time.perf_counter() - start)
         if decision.action == "route":

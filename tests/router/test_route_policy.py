@@ -171,12 +171,34 @@ def test_a_replica_with_a_full_kv_cache_is_never_chosen():
     assert shed.excluded == {"full": "no KV room", "busy": "no KV room"}
 
 
-def test_a_full_replica_makes_a_patient_class_wait_and_a_shedding_one_refused():
+def test_a_full_replica_makes_a_patient_class_wait_and_a_shedding_one_wait_only_while_in_time():
     slots_full = replica("busy", PLAIN, running=8, max_num_seqs=8, remaining_tokens=tuple(range(8)))
     wait = decide([slots_full, replica("full", free_pages=0)], request(), CONFIG, random.Random(0))
     assert wait.action == "wait" and wait.ranking == ()
-    shedding = request(replace(LOOSE, may_shed=True))
-    assert decide([slots_full], shedding, CONFIG, random.Random(0)).action == "shed"
+    # A class that may shed waits too while a slot frees in time for its first token: here the first
+    # request finishes at once (0 tokens left), and the newcomer's TTFT is a few steps.
+    interactive = Sla("interactive", ttft_s=0.5, tpot_s=2.0, may_shed=True)
+    first = ttft(slots_full, 100)
+    assert time_until_room(slots_full, request(interactive)) == 0.0 and first < 0.5
+    assert decide([slots_full], request(interactive), CONFIG, random.Random(0)).action == "wait"
+    # It has waited most of its target already (waited_s): no slot can come in time, refused.
+    late = decide([slots_full], request(interactive), CONFIG, random.Random(0), waited_s=0.5 - first / 2)
+    assert late.action == "shed" and late.retry_after_s is not None
+    # The first slot frees only after 400 more tokens: too late for its 0.5 s, refused at once.
+    slow_to_free = replace(slots_full, remaining_tokens=tuple(range(400, 408)))
+    assert time_until_room(slow_to_free, request(interactive)) > 0.5
+    assert decide([slow_to_free], request(interactive), CONFIG, random.Random(0)).action == "shed"
+
+
+def test_the_time_a_request_waited_counts_in_its_ttft_slack():
+    interactive = Sla("interactive", ttft_s=1.0, tpot_s=2.0, may_shed=True)
+    idle = replica("idle", PLAIN)
+    fresh = predict(idle, request(interactive))
+    waited = predict(idle, request(interactive), waited_s=0.5)
+    assert waited.ttft_s == fresh.ttft_s  # the prediction itself is from now
+    assert waited.slack == pytest.approx(fresh.slack - 0.5)  # its TTFT binds: 1 - (0.5 + ttft)
+    # Waited past its target: no replica can meet it, a class that may shed is refused.
+    assert decide([idle], request(interactive), CONFIG, random.Random(0), waited_s=1.0).action == "shed"
 
 
 def test_a_fast_replica_takes_more_load_until_its_tpot_meets_the_slow_ones():

@@ -224,8 +224,8 @@ class PolicyConfig:
     # predicted speed instead of its load, and SLA attainment fell there (0.949 -> 0.867; with
     # ample_slack 0.1, 0.933). With the speed smoothed (speed_half_life_s) it still falls there (40 s
     # traces, seeds 0 and 1: 0.952 / 0.979 -> 0.867 / 0.947), while in bench/route_sim.py's two CPU
-    # replicas it gains a little (goodput vs pow2, seeds 0-7: uniform 1.075 -> 1.079, heterogeneous
-    # 1.459 -> 1.460): not enough to make it the default.
+    # replicas it gains a little (goodput vs pow2, seeds 0-11: uniform 1.050 -> 1.054, heterogeneous
+    # 1.402 -> 1.442): not enough to make it the default.
     calibrate_tpot: bool = False
     min_retry_s: float = 0.25  # a retry hint never asks for less (signals refresh about this often)
     max_retry_s: float = 30.0

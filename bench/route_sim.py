@@ -29,6 +29,8 @@ scoring (route_workload.score and goodput). What differs:
 
     python bench/route_sim.py                                # both settings, 3 arms, seeds 0-11
     python bench/route_sim.py --tau-spread 0.45              # replicas' tau swinging with their requests
+    python bench/route_sim.py --no-host                      # engines alone on a core: 8 + 8 faster than
+                                                             # the real one was (9.9 req/s), the other bracket
     python bench/route_sim.py --option calibrate_tpot=true   # the SLA arm with a PolicyConfig field set
     python bench/route_sim.py --quick                        # a smoke run
 

@@ -120,6 +120,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="take the scale section from an earlier report (its timings need an idle machine, the arms' "
         "simulated figures do not: arms can then run beside other work)",
     )
+    p.add_argument(
+        "--arms-from",
+        type=Path,
+        default=None,
+        help="take the arms from an earlier report (deterministic: they need no idle machine) and run "
+        "only what else is asked for, e.g. the scale section on an idle machine",
+    )
     p.add_argument("--models", default="models")
     p.add_argument(
         "--val-drafter", default="dspark", help="ngram: validate a stack without trained drafters (smoke)"
@@ -323,6 +330,8 @@ def goodput_at_sla(results: list[dict], n: int) -> dict:
 
 def markdown(report: dict) -> str:
     lines = [f"# Cluster simulator\n\n`{report['command']}` — {report['wall_minutes']} min\n"]
+    if "arms_carried_from" in report:
+        lines.append(f"The arms below are carried from `{report['arms_carried_from']}`.\n")
     lines.append(
         "| replicas | router | budget | load | attainment | 1st / 2nd half | goodput req/s | TTFT p99 s "
         "| TPOT p99 s | verify/round |"
@@ -355,7 +364,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     start = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
-    results = arms(args)
+    earlier = json.loads(args.arms_from.read_text()) if args.arms_from else None
+    results = earlier["arms"] if earlier else arms(args)
     report = {
         "command": "python bench/sim.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": {
@@ -364,6 +374,7 @@ def main(argv: list[str] | None = None) -> None:
             "cpus": os.cpu_count(),
         },
         "settings": settings(args, results),
+        **({"arms_carried_from": earlier["command"]} if earlier else {}),
         "budgets": budgets(),
         "arms": results,
         "summary": summary(results),

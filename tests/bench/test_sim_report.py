@@ -1,5 +1,9 @@
 """bench/sim.py's report: the validation against the real cluster as a table, real and simulated."""
 
+import json
+
+import pytest
+
 from bench.sim import markdown
 from bench.sim_compare import METRICS as VALIDATED
 from bench.sim_compare import validation_lines
@@ -55,3 +59,19 @@ def test_each_arm_shows_its_attainment_by_half_of_the_scored_window():
         "| 100 | sla | fixed | 0.80 | 0.500 | 1.000 / - | 10.00 | 1.0 | 0.03 | 6.90 |",
         "| 100 | round_robin | fixed | 0.80 | 0.500 | - / - | 10.00 | 1.0 | 0.03 | 6.90 |",
     ]
+
+
+def test_arms_carried_from_an_earlier_report_are_not_simulated_again(tmp_path, monkeypatch):
+    """--arms-from: the arms are deterministic, so a rerun of what needs an idle machine (the scale
+    section) takes them as they are and says where they came from."""
+    from bench.sim import main
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    main(["--quick", "--skip-validation", "--skip-scale", "--workers", "1", "--out", str(first)])
+    earlier = json.loads((first / "sim.json").read_text())
+    monkeypatch.setattr("bench.sim.arms", lambda args: pytest.fail("the arms were simulated again"))
+    main(["--arms-from", str(first / "sim.json"), "--skip-validation", "--skip-scale", "--out", str(second)])
+    report = json.loads((second / "sim.json").read_text())
+    assert report["arms"] == earlier["arms"] and report["summary"] == earlier["summary"]
+    assert report["arms_carried_from"] == earlier["command"]
+    assert f"carried from `{earlier['command']}`" in (second / "sim.md").read_text()

@@ -10,15 +10,7 @@ variant's capacity) and verification stays lossless. With R decoding requests it
     R (1 + g) / (1/SPS(R + v R) + d R)  >  R SPS(R)
 
 where, per request and drafting round, g is the accepted drafted tokens, v the verified drafted tokens
-and d the drafting seconds (exponential averages of what the engine measured). A step also spends time
-outside its forward and its drafting (sampling, acceptance, bookkeeping: o per step, measured alike),
-which plain and drafting steps both pay; with it the test is
-
-    R (1 + g) / (1/SPS(R + v R) + d R + o)  >  R / (1/SPS(R) + o)
-
-It matters where o is large against the forward: on a GPU whose steps the host paces, drafting that the
-table alone would price out pays (bench/results/gpu_measurement_qwen3-4b.json: o ~55 ms beside a 30 ms
-forward). While it declines it
+and d the drafting seconds (exponential averages of what the engine measured). While it declines it
 still drafts once in a while (a probe), so lighter load or a better drafter is noticed; each probe that
 confirms the decline doubles the wait before the next one (up to `max_probe_every`), so a drafter that
 never pays costs ever less.
@@ -39,7 +31,6 @@ class DraftGate:
     gain: float | None = None  # accepted drafted tokens per request-round
     verified: float = 0.0  # verified drafted tokens per request-round
     draft_s: float = 0.0  # drafting seconds per request
-    overhead_s: float = 0.0  # seconds of a step outside its forward and its drafting
     declined: int = 0  # rounds in a row without drafting
 
     def should_draft(self, num_requests: int, sps: Callable[[int], float]) -> bool:
@@ -49,16 +40,10 @@ class DraftGate:
 
     def pays(self, num_requests: int, sps: Callable[[int], float]) -> bool:
         """Does drafting beat plain decoding for `num_requests`, by what earlier rounds measured?"""
-        r, o = num_requests, self.overhead_s
-        plain_rate = r * sps(r) if o == 0 else r / (1.0 / sps(r) + o)
-        step_s = 1.0 / sps(r + round(self.verified * r)) + self.draft_s * r + o
+        r = num_requests
+        plain_rate = r * sps(r)
+        step_s = 1.0 / sps(r + round(self.verified * r)) + self.draft_s * r
         return r * (1.0 + self.gain) / step_s > plain_rate
-
-    def observe_overhead(self, seconds: float) -> None:
-        """One decoding step's time outside its forward and its drafting (an exponential average)."""
-        seconds = seconds if seconds > 1e-9 else 0.0  # rounding left over from a difference is none
-        a = self.ema if self.overhead_s else 1.0
-        self.overhead_s = (1 - a) * self.overhead_s + a * seconds
 
     def record(
         self,
@@ -97,6 +82,5 @@ class DraftGate:
             "gain": self.gain,
             "verified": self.verified,
             "draft_s": self.draft_s,
-            "overhead_s": self.overhead_s,
             "declined": self.declined,
         }

@@ -302,8 +302,6 @@ class Engine:
 
         elapsed = time.perf_counter() - t_start
         self.stats.record_step(elapsed, forward_time, draft_time)
-        if self.draft_gate is not None and decoding:
-            self.draft_gate.observe_overhead(elapsed - forward_time - draft_time)
         between = t_start - self._busy_step_end if self._busy_step_end is not None else 0.0
         decode_tokens = sum(len(item.token_ids) for item in items[: len(decoding)])
         self.stats.record_decode(len(decoding), decode_tokens, between + elapsed)

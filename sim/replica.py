@@ -309,9 +309,6 @@ class SimReplica:
                 plan.draft_seconds / self.profile.forward_scale,
                 self.table,
             )
-            # The engine's step time outside its forward and drafting, on the same clock.
-            outside = plan.seconds - plan.forward_seconds - plan.draft_seconds
-            self.gate.observe_overhead(outside / self.profile.forward_scale)
         return first, done
 
     def _finish(self, s: SimSeq, now: float) -> Request:

@@ -33,6 +33,7 @@ import torch
 
 from dspark import EngineConfig, SamplingParams
 from dspark.engine import Engine
+from dspark.kv_cache import KVCache
 from dspark.sequence import Status
 
 # Published shapes (the models' config.json on their hubs, copied by hand; nothing is downloaded).
@@ -221,12 +222,6 @@ def hardware(device: str) -> dict:
     return info
 
 
-def kv_bytes_per_token(shape: dict, dtype: torch.dtype) -> int:
-    """K and V of every layer for one token."""
-    per_layer = 2 * shape["num_key_value_heads"] * shape["head_dim"]
-    return per_layer * shape["num_hidden_layers"] * torch.tensor([], dtype=dtype).element_size()
-
-
 def weight_bytes(target: Path) -> int:
     return sum(p.stat().st_size for p in target.glob("*.safetensors"))
 
@@ -275,7 +270,9 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "hardware": hardware(args.device),
         "weight_bytes": weight_bytes(target),
-        "kv_bytes_per_token": kv_bytes_per_token(SHAPES[args.shape], dtype),
+        "kv_bytes_per_token": KVCache.bytes_per_token(
+            *(SHAPES[args.shape][k] for k in ("num_hidden_layers", "num_key_value_heads", "head_dim")), dtype
+        ),
         "build_s": built_s,
     }
 

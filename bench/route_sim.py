@@ -67,7 +67,8 @@ from bench.route_workload import (  # noqa: E402
     schedule,
     score,
 )
-from router.policy import PolicyConfig, Sla, tau  # noqa: E402
+from controller.model import fit_geometric_acceptance  # noqa: E402
+from router.policy import PolicyConfig, Sla  # noqa: E402
 from sim.cluster import Cluster, ClusterConfig, Group  # noqa: E402
 from sim.profiles import Profile, load  # noqa: E402
 from sim.workload import Request  # noqa: E402
@@ -80,22 +81,12 @@ MAX_ONGOING = 8  # bench/route.py: the deployment's one max_ongoing_requests, th
 DOMAINS = ("hard", "easy")
 
 
-def survival_for(target_tau: float, block: int) -> float:
-    """The per-position acceptance alpha whose geometric law gives `target_tau` at `block` drafts."""
-    lo, hi = 0.0, 0.999
-    for _ in range(50):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if tau(mid, block) < target_tau else (lo, mid)
-    return (lo + hi) / 2
-
-
 def greedy_profile(profile: Profile, target_tau: float, block: int, spread: float = 0.0) -> Profile:
     """`profile` drafting `block` tokens a round, its requests' acceptance giving tau `target_tau` -
     `spread` (domain "hard") or + `spread` ("easy"): what a replica measures then depends on which
     requests it holds, as a real one's tau does on its prompts."""
-    rows = {
-        d: (survival_for(target_tau + sign * spread, block),) * block for d, sign in zip(DOMAINS, (-1, 1))
-    }
+    taus = dict(zip(DOMAINS, (target_tau - spread, target_tau + spread)))
+    rows = {d: (fit_geometric_acceptance(t, block),) * block for d, t in taus.items()}
     return dataclasses.replace(profile, gamma=block, acceptance={**profile.acceptance, **rows}, cache={})
 
 

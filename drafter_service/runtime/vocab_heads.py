@@ -5,9 +5,10 @@ Markov term W2 . z_k [R, V]. On a CPU both are bound by streaming the weight mat
 V x d: 12.6 MB in fp32 for the demo), not by arithmetic, so:
 
 - the LM head runs from a bf16 copy of the (shared, frozen) target weights where the device
-  multiplies bf16 natively (CUDA; a CPU with AMX tiles, through oneDNN): half the bytes, and measured
-  on this project's CPU 2.5x faster for a 7-slot block and 3x for 8 requests' blocks; elsewhere it
-  stays in the model's dtype (bf16 without AMX is slower than fp32);
+  multiplies bf16 natively (CUDA; a CPU with AMX tiles or AVX-512 BF16 dot products, through
+  oneDNN): half the bytes, and measured on this project's CPUs 2.5x faster for a 7-slot block and 3x
+  for 8 requests' blocks (AMX), 2-3.5x (an AVX-512 BF16 EPYC, weights out of cache); elsewhere it
+  stays in the model's dtype (bf16 emulated in fp32 units is slower than fp32);
 - the Markov term is added in the same call that computes it (`addmm` into the base logits, with W2
   transposed once at load) instead of a product and then a sum.
 
@@ -32,8 +33,9 @@ def native_bf16(device: torch.device) -> bool:
         return True
     if device.type != "cpu":
         return False
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)  # torch's own CPU capability probe
-    return bool(amx is not None and amx())
+    # torch's own CPU capability probes: AMX tiles, or AVX-512 with its BF16 dot-product instructions.
+    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
 
 
 def head_dtype(choice: str, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from test_block_drafter import D, V, make
 
-from drafter_service.runtime.vocab_heads import VocabHeads, head_dtype
+from drafter_service.runtime.vocab_heads import VocabHeads, head_dtype, native_bf16
 
 
 def test_explicit_head_dtypes_are_kept_and_unknown_ones_refused_by_name():
@@ -32,3 +32,17 @@ def test_markov_term_is_added_in_one_product_as_the_model_adds_it():
     assert with_markov.shape == (3, V) and with_markov.dtype == torch.float32
     assert not torch.equal(with_markov, base)
     assert heads.with_markov(base, None) is base  # DFlash: no Markov term
+
+
+@pytest.mark.parametrize(
+    ("amx", "avx512_bf16", "native"),
+    [(True, False, True), (False, True, True), (False, False, False)],
+)
+def test_auto_takes_bf16_on_cpus_with_native_bf16_products(monkeypatch, amx, avx512_bf16, native):
+    """AMX tiles or AVX-512 BF16 dot products (an EPYC Zen 4 has the second only) multiply bf16
+    natively; without either, bf16 is emulated and slower than fp32, so auto keeps the model's dtype."""
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
+    cpu = torch.device("cpu")
+    assert native_bf16(cpu) is native
+    assert head_dtype("auto", torch.float32, cpu) == (torch.bfloat16 if native else torch.float32)

@@ -17,10 +17,13 @@ SPS = CostTable([1, 8, 64], [100.0, 50.0, 10.0], 64)
 def test_gate_compares_drafting_with_plain_decoding():
     gate = DraftGate()
     assert gate.should_draft(4, SPS)  # nothing measured yet: draft and measure
-    gate.record(True, num_requests=4, accepted=12, verified=16, draft_seconds=0.002)
+    for _ in range(2):  # the first round folds the prompts; the second is timed
+        gate.record(True, num_requests=4, accepted=12, verified=16, draft_seconds=0.002)
     # 4 requests x (1 + 3) tokens per ~15 ms step beats 4 tokens per 10 ms.
     assert gate.should_draft(4, SPS)
     expensive = DraftGate()
+    expensive.record(True, num_requests=4, accepted=2, verified=16, draft_seconds=0.04)
+    assert expensive.should_draft(4, SPS) and expensive.draft_s is None  # not timed yet: draft again
     expensive.record(True, num_requests=4, accepted=2, verified=16, draft_seconds=0.04)
     assert not expensive.should_draft(4, SPS)
     for _ in range(expensive.probe_every - 1):
@@ -53,7 +56,8 @@ def test_gated_engine_stays_token_identical_and_probes(qwen3_dir):
         cost_table=SPS,
     )
     # Earlier rounds measured a drafter far too slow for what it gains: the gate closes.
-    engine.draft_gate.record(True, num_requests=2, accepted=1, verified=8, draft_seconds=1.0)
+    for _ in range(2):
+        engine.draft_gate.record(True, num_requests=2, accepted=1, verified=8, draft_seconds=1.0)
     for i, p in enumerate(prompts):
         engine.add_request(p, params, request_id=str(i))
     outputs = {}
@@ -66,7 +70,8 @@ def test_gated_engine_stays_token_identical_and_probes(qwen3_dir):
 
 def test_probes_back_off_while_they_confirm_and_reset_when_drafting_pays():
     gate = DraftGate()
-    gate.record(True, num_requests=4, accepted=2, verified=16, draft_seconds=0.04)
+    for _ in range(2):
+        gate.record(True, num_requests=4, accepted=2, verified=16, draft_seconds=0.04)
     waits = []
     for _ in range(3):
         rounds = 0
@@ -74,10 +79,28 @@ def test_probes_back_off_while_they_confirm_and_reset_when_drafting_pays():
             gate.record(False, 4, 0, 0, 0.0)
             rounds += 1
         waits.append(rounds)
-        gate.record(True, 4, accepted=2, verified=16, draft_seconds=0.04, sps=SPS)  # the probe confirms
+        gate.record(True, 4, accepted=2, verified=16, draft_seconds=0.04, sps=SPS)  # the probe
+        assert gate.should_draft(4, SPS)  # folded a backlog: the next round drafts to be timed
+        gate.record(True, 4, accepted=2, verified=16, draft_seconds=0.04, sps=SPS)  # ... and confirms
     assert waits == [16, 32, 64]
     while not gate.should_draft(4, SPS):
         gate.record(False, 4, 0, 0, 0.0)
     for _ in range(10):  # the drafter got cheap and good: the probe finds it pays, back to short waits
         gate.record(True, 4, accepted=20, verified=24, draft_seconds=0.0004, sps=SPS)
     assert gate.probe_every == gate.min_probe_every and gate.should_draft(4, SPS)
+
+
+def test_a_round_that_folds_a_backlog_counts_its_gains_not_its_time():
+    """The probe after declined rounds folds their context too (block drafters fold lazily): timing it
+    would price drafting at the backlog's cost and confirm every decline by itself."""
+    gate = DraftGate()
+    for _ in range(2):
+        gate.record(True, num_requests=1, accepted=3, verified=7, draft_seconds=0.003, sps=SPS)
+    steady = gate.draft_s
+    assert steady == 0.003
+    gate.declined = gate.probe_every  # a long decline, then the probe folds all of it
+    assert gate.should_draft(1, SPS)
+    gate.record(True, num_requests=1, accepted=3, verified=7, draft_seconds=0.5, sps=SPS)
+    assert gate.draft_s == steady and gate.should_draft(1, SPS)  # its 0.5 s is not the drafter's cost
+    gate.record(True, num_requests=1, accepted=3, verified=7, draft_seconds=0.003, sps=SPS)
+    assert gate.draft_s == steady and gate.probe_every == gate.min_probe_every

@@ -146,6 +146,7 @@ def test_forward_scale_times_the_step_and_the_gate_weighs_drafting_on_the_tables
         replica.complete(replica.plan(), 0.0)  # the prompts
         plan = replica.plan()
         replica.complete(plan, 0.0)
+        replica.complete(replica.plan(), 0.0)  # the gate times the round after the one folding the prompts
         return plan, replica.gate.draft_s
 
     (full, full_draft), (half, half_draft) = first_step(1.0), first_step(0.5)

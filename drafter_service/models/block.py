@@ -68,11 +68,19 @@ class BlockDrafter(nn.Module):
     def device(self) -> torch.device:
         return self.fc.weight.device
 
+    def cast_weights(self, dtype: torch.dtype) -> BlockDrafter:
+        """Compute in `dtype`: its own weights cast; the shared embeddings and LM head stay the target's
+        and the RoPE tables fp32 (a bf16 inv_freq would round the frequencies themselves)."""
+        for name, child in self.named_children():
+            if name != "rotary_emb":
+                child.to(dtype)
+        return self
+
     # ---- pieces used by both training and serving --------------------------------------------------
 
     def context_features(self, hidden: torch.Tensor) -> torch.Tensor:
-        """C_t = hidden_norm(fc . concat(H^{l1}_t ... H^{lk}_t))."""
-        return self.hidden_norm(self.fc(hidden))
+        """C_t = hidden_norm(fc . concat(H^{l1}_t ... H^{lk}_t)); the target's states in the drafter's dtype."""
+        return self.hidden_norm(self.fc(hidden.to(self.dtype)))
 
     def context_kv(
         self, features: torch.Tensor, positions: torch.Tensor
@@ -100,7 +108,7 @@ class BlockDrafter(nn.Module):
     ) -> torch.Tensor:
         """`run_block` with the context's K/V wherever the caller keeps them (serving: a cache)."""
         embed, _ = self.shared
-        h = embed(tokens)
+        h = embed(tokens).to(self.dtype)  # the target's embeddings, in the drafter's dtype
         cos, sin = rope_cos_sin(self.rotary_emb, positions, self.dtype)
         for layer, merge in zip(self.layers, keys_with):
             h = layer(h, cos, sin, merge, mask)

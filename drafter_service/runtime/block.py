@@ -17,7 +17,7 @@ from drafter_service.models.block import BlockDrafter
 from drafter_service.models.paths import open_drafter
 from drafter_service.runtime.context_cache import ContextCache
 from drafter_service.runtime.host import to_host
-from drafter_service.runtime.vocab_heads import VocabHeads, head_dtype
+from drafter_service.runtime.vocab_heads import VocabHeads, compute_dtype, head_dtype
 from dspark.block_sampler import BlockSampler
 from dspark.drafter import DraftProposal, DraftRequest
 from dspark.errors import ModelLoadError
@@ -34,23 +34,34 @@ class BlockDraftRuntime:
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
         head_dtype: str = "auto",
+        compute_dtype: str = "auto",
         **_: object,
     ) -> None:
         """`head_dtype`: the LM head's ("auto": bf16 where the device multiplies it natively;
-        "float32"; "bfloat16"), see runtime/vocab_heads.py."""
+        "float32"; "bfloat16"); `compute_dtype`: the draft layers' ("auto": bf16 for an fp32 drafter
+        where bf16 is native), see runtime/vocab_heads.py. Either way q and the confidences are fp32 and
+        q is exactly what each token was drawn from: the dtype moves acceptance, never the output."""
         model = open_drafter(name, path, target_path, target, dtype, device)
-        self._serve(model, num_speculative_tokens, head_dtype)
+        self._serve(model, num_speculative_tokens, head_dtype, compute_dtype)
 
     @classmethod
     def of(
-        cls, model: BlockDrafter, num_speculative_tokens: int = 7, head_dtype: str = "auto"
+        cls,
+        model: BlockDrafter,
+        num_speculative_tokens: int = 7,
+        head_dtype: str = "auto",
+        compute_dtype: str | None = None,
     ) -> BlockDraftRuntime:
-        """Serve a drafter already in memory (no checkpoint to open)."""
+        """Serve a drafter already in memory (no checkpoint to open); None: compute in its own dtype."""
         runtime = cls.__new__(cls)
-        runtime._serve(model, num_speculative_tokens, head_dtype)
+        runtime._serve(model, num_speculative_tokens, head_dtype, compute_dtype)
         return runtime
 
-    def _serve(self, model: BlockDrafter, num_speculative_tokens: int, head: str) -> None:
+    def _serve(
+        self, model: BlockDrafter, num_speculative_tokens: int, head: str, compute: str | None
+    ) -> None:
+        if compute is not None:
+            model = model.cast_weights(compute_dtype(compute, model.dtype, model.device))
         self.model = model
         self.device = model.device
         self.heads = VocabHeads(model, head_dtype(head, model.dtype, model.device))

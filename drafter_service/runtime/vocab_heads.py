@@ -42,8 +42,21 @@ def head_dtype(choice: str, model_dtype: torch.dtype, device: torch.device) -> t
     """The LM head's dtype for `choice` ("auto", "float32" or "bfloat16")."""
     if choice == "auto":
         return torch.bfloat16 if native_bf16(device) else model_dtype
+    return _named(choice, "head_dtype")
+
+
+def compute_dtype(choice: str, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The draft layers' dtype for `choice`: "auto" halves an fp32 drafter where bf16 is native (its
+    small products run ~2x faster there: 7 rows of 384 x 1024 in 50 us against 112 us on this
+    project's EPYC) and leaves a half-precision one as it is."""
+    if choice == "auto":
+        return torch.bfloat16 if model_dtype == torch.float32 and native_bf16(device) else model_dtype
+    return _named(choice, "compute_dtype")
+
+
+def _named(choice: str, option: str) -> torch.dtype:
     if choice not in HEAD_DTYPES:
-        raise ValueError(f"head_dtype must be 'auto' or one of {sorted(HEAD_DTYPES)}, got {choice!r}")
+        raise ValueError(f"{option} must be 'auto' or one of {sorted(HEAD_DTYPES)}, got {choice!r}")
     return HEAD_DTYPES[choice]
 
 

@@ -21,7 +21,7 @@ from dspark.sampling import probs_from_logits
 GAMMA, CONTEXT = 4, 9
 # The reference's arithmetic: serving may run the LM head from a bf16 copy where that is faster
 # (runtime/vocab_heads.py), which rounds the logits; these tests compare with the reference exactly.
-REFERENCE_MATH = dict(num_speculative_tokens=GAMMA, head_dtype="float32")
+REFERENCE_MATH = dict(num_speculative_tokens=GAMMA, head_dtype="float32", compute_dtype="float32")
 
 VARIANTS = {  # name -> (drafter kind, build_draft_config arguments)
     "vanilla": ("dspark", dict(markov_head_type="vanilla")),
@@ -108,7 +108,7 @@ def test_the_rope_base_of_rope_parameters_is_used(tmp_path, qwen3_dir, target):
     directory, config = fixture_dir(tmp_path, qwen3_dir, markov_rank=0, confidence_head_alpha=0.0)
     weights = load_file(str(directory / "model.safetensors"))
     hidden, tokens = inputs(config)
-    drafter = create_drafter("dflash", target=target, path=str(directory), num_speculative_tokens=GAMMA)
+    drafter = create_drafter("dflash", target=target, path=str(directory), **REFERENCE_MATH)
     drafter.add_context("s", tokens[:-1], hidden)
     model = drafter.model
     with torch.inference_mode():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from drafter_fixtures import DRAFTERS
 
 from dspark import LLM, ModelLoadError, SamplingParams
@@ -29,6 +30,29 @@ def test_greedy_identical_with_every_drafter(stack, drafter):
     stats = llm.engine.stats
     assert stats.drafted_tokens > 0
     assert stats.drafted_tokens <= stats.rounds * (1 if drafter == "mtp1" else 4)
+
+
+@pytest.mark.parametrize("drafter", ["dspark", "dflash"])
+@pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
+def test_greedy_identical_with_a_block_drafter_computing_in_either_dtype(stack, drafter, compute_dtype):
+    """An fp32 target with its block drafter's layers in bf16 (the default where bf16 is native):
+    the drafter's rounding moves its proposals, never the output."""
+    expected = LLM(str(stack), num_kv_pages=64).generate(PROMPTS, GREEDY)
+    options = {"compute_dtype": compute_dtype, "head_dtype": compute_dtype}
+    llm = LLM(
+        str(stack),
+        drafter=drafter,
+        scheduler="fixed",
+        num_speculative_tokens=4,
+        num_kv_pages=64,
+        drafter_options=options,
+    )
+    assert llm.engine.drafter.model.dtype == getattr(torch, compute_dtype)
+    assert llm.engine.drafter.model.rotary_emb.inv_freq.dtype == torch.float32
+    assert llm.engine.model.model.embed_tokens.weight.dtype == torch.float32  # shared, left as it is
+    outs = llm.generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in outs] == [e.token_ids for e in expected]
+    assert llm.engine.stats.accepted_tokens > 0
 
 
 def test_sampled_with_every_drafter_is_seeded_and_reproducible(stack):

@@ -6,7 +6,7 @@ import pytest
 import torch
 from test_block_drafter import D, V, make
 
-from drafter_service.runtime.vocab_heads import VocabHeads, head_dtype, native_bf16
+from drafter_service.runtime.vocab_heads import VocabHeads, compute_dtype, head_dtype, native_bf16
 
 
 def test_explicit_head_dtypes_are_kept_and_unknown_ones_refused_by_name():
@@ -46,3 +46,10 @@ def test_auto_takes_bf16_on_cpus_with_native_bf16_products(monkeypatch, amx, avx
     cpu = torch.device("cpu")
     assert native_bf16(cpu) is native
     assert head_dtype("auto", torch.float32, cpu) == (torch.bfloat16 if native else torch.float32)
+
+    # The layers: an fp32 drafter is halved there, a half-precision one left alone, a name checked.
+    assert compute_dtype("auto", torch.float32, cpu) == (torch.bfloat16 if native else torch.float32)
+    assert compute_dtype("auto", torch.float16, cpu) == torch.float16
+    assert compute_dtype("float32", torch.bfloat16, cpu) == torch.float32
+    with pytest.raises(ValueError, match="compute_dtype"):
+        compute_dtype("fp8", torch.float32, cpu)

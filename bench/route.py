@@ -34,7 +34,8 @@ setting replays the same schedules (the seed fixes them).
 
 With --calibrate-tpot the SLA router scales each replica's predicted TPOT by its measured decode steps
 (router/policy.py PolicyConfig.calibrate_tpot; off by default); every arm's replica report shows the
-calibration it would apply (`decode_calibration`) either way.
+calibration it would apply (`decode_calibration`) either way. --router-option NAME=VALUE sets any other
+PolicyConfig field for the SLA arm (an A/B of a rule: `--arms sla --router-option slot_wait=false`).
 
 Every request is traced (unless --no-trace): every process exports its spans to an OTLP receiver in
 this process, in every arm alike. The SLA router's decision event holds its predicted TTFT and TPOT for
@@ -66,6 +67,7 @@ sys.path.insert(0, str(REPO / "sdk"))
 
 from bench import route_decision  # noqa: E402
 from bench.route_calibration import predicted_vs_realised, request_id, traced_requests  # noqa: E402
+from bench.route_sim import parse_option  # noqa: E402
 from bench.route_workload import (  # noqa: E402
     SETTINGS,
     Arrival,
@@ -129,9 +131,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="the SLA router scales its TPOT by each replica's measured decode steps (router_options)",
     )
+    p.add_argument(
+        "--router-option",
+        type=parse_option,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a PolicyConfig field for the SLA router (a number, true or false), e.g. slot_wait=false",
+    )
     p.add_argument("--quick", action="store_true", help="smoke run: 1 repeat, 2 load points, short windows")
     p.add_argument("--out", type=Path, default=RESULTS / "route.json")
     args = p.parse_args(argv)
+    args.router_options = dict(args.router_option)
     if args.quick:
         args.repeats, args.load = 1, [0.5, 1.4]
         args.window_s, args.warmup_s, args.calibrate_s = 2.0, 1.0, 3.0
@@ -187,7 +198,7 @@ def app_args(
             for i, t in enumerate(targets)
         },
         "default_sla_class": "batch",
-        "router_options": {"seed": args.seed, "calibrate_tpot": args.calibrate_tpot},
+        "router_options": {"seed": args.seed, "calibrate_tpot": args.calibrate_tpot, **args.router_options},
         **({"telemetry": telemetry} if otlp else {}),
     }
 
@@ -579,6 +590,7 @@ def main(argv: list[str] | None = None) -> int:
             "engines_by_rank": {s: engines_of(args, s) for s in args.settings},
             "max_ongoing_requests": args.max_num_seqs,
             "sla_router_calibrates_tpot": args.calibrate_tpot,
+            "sla_router_options": args.router_options,
             "load_x_capacity": args.load,
             "window_s": args.window_s,
             "warmup_s": args.warmup_s,

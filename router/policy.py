@@ -227,6 +227,9 @@ class PolicyConfig:
     # replicas it gains a little (goodput vs pow2, seeds 0-11: uniform 1.050 -> 1.054, heterogeneous
     # 1.402 -> 1.442): not enough to make it the default.
     calibrate_tpot: bool = False
+    # A class that may shed waits for a sequence slot (rather than being refused) when one is predicted
+    # to free in time for its TTFT target (`slot_soon`); False: refused as soon as every replica is full.
+    slot_wait: bool = True
     min_retry_s: float = 0.25  # a retry hint never asks for less (signals refresh about this often)
     max_retry_s: float = 30.0
 
@@ -545,7 +548,9 @@ def decide(
         # Full, not out of KV room: a patient class waits for a slot, as Serve queues a request for a
         # full replica; one that may shed waits too if a slot is predicted to free in time for its TTFT.
         if NO_SLOT in excluded.values() and not never_fits(replicas, newcomer):
-            if not sla.may_shed or slot_soon(replicas, newcomer, excluded, inflow, waited_s):
+            if not sla.may_shed or (
+                config.slot_wait and slot_soon(replicas, newcomer, excluded, inflow, waited_s)
+            ):
                 return Decision(
                     "wait", (), "every replica with KV room is at max_num_seqs; waiting", excluded=excluded
                 )

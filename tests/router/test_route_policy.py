@@ -181,6 +181,11 @@ def test_a_full_replica_makes_a_patient_class_wait_and_a_shedding_one_wait_only_
     first = ttft(slots_full, 100)
     assert time_until_room(slots_full, request(interactive)) == 0.0 and first < 0.5
     assert decide([slots_full], request(interactive), CONFIG, random.Random(0)).action == "wait"
+    # Without the slot wait (PolicyConfig.slot_wait, for an A/B in bench/route.py) it is refused at once;
+    # the patient class still waits.
+    no_wait = replace(CONFIG, slot_wait=False)
+    assert decide([slots_full], request(interactive), no_wait, random.Random(0)).action == "shed"
+    assert decide([slots_full], request(), no_wait, random.Random(0)).action == "wait"
     # It has waited most of its target already (waited_s): no slot can come in time, refused.
     late = decide([slots_full], request(interactive), CONFIG, random.Random(0), waited_s=0.5 - first / 2)
     assert late.action == "shed" and late.retry_after_s is not None

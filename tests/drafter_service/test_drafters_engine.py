@@ -12,19 +12,24 @@ PROMPTS = ["def parse(text):\n    return", "import os\n", "The value of", "x = 1
 GREEDY = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
 
 
-@pytest.mark.parametrize("drafter", DRAFTERS)
-def test_greedy_identical_with_every_drafter(stack, drafter):
-    expected = LLM(str(stack), num_kv_pages=64).generate(PROMPTS, GREEDY)
-    # A fixed verify length, so every round verifies drafts: the load-aware schedulers gate drafting
-    # off when the measured step times say it does not pay (a loaded machine: 0 drafted tokens).
-    llm = LLM(
+def fixed_block(stack, drafter: str, **options) -> LLM:
+    """A fixed verify length, so every round verifies drafts: the load-aware schedulers gate drafting
+    off when the measured step times say it does not pay (a loaded machine: 0 drafted tokens)."""
+    return LLM(
         str(stack),
         drafter=drafter,
         scheduler="fixed",
         num_speculative_tokens=4,
         num_kv_pages=64,
         max_num_seqs=4,
+        **options,
     )
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_greedy_identical_with_every_drafter(stack, drafter):
+    expected = LLM(str(stack), num_kv_pages=64).generate(PROMPTS, GREEDY)
+    llm = fixed_block(stack, drafter)
     outs = llm.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in outs] == [e.token_ids for e in expected]
     stats = llm.engine.stats
@@ -38,14 +43,8 @@ def test_greedy_identical_with_a_block_drafter_computing_in_either_dtype(stack, 
     """An fp32 target with its block drafter's layers in bf16 (the default where bf16 is native):
     the drafter's rounding moves its proposals, never the output."""
     expected = LLM(str(stack), num_kv_pages=64).generate(PROMPTS, GREEDY)
-    options = {"compute_dtype": compute_dtype, "head_dtype": compute_dtype}
-    llm = LLM(
-        str(stack),
-        drafter=drafter,
-        scheduler="fixed",
-        num_speculative_tokens=4,
-        num_kv_pages=64,
-        drafter_options=options,
+    llm = fixed_block(
+        stack, drafter, drafter_options={"compute_dtype": compute_dtype, "head_dtype": compute_dtype}
     )
     assert llm.engine.drafter.model.dtype == getattr(torch, compute_dtype)
     assert llm.engine.drafter.model.rotary_emb.inv_freq.dtype == torch.float32

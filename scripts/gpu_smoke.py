@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -173,7 +174,13 @@ def _tp_rank(rank: int, world: int, rendezvous: str, target: str, device: str, d
     else:
         tp.follow(tp.follower_runner(config, tp.TPContext(rank, world)))
     dist.barrier()  # neither peer tears the group down while the other is still in it
+    Path(out).with_suffix(f".rank{rank}.done").touch()
     dist.destroy_process_group()
+    # Leave without the interpreter's teardown: a gloo peer once aborted there, after all its work
+    # ("terminate called without an active exception"; one full test suite on the CPU, never alone).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def tp_check(target: Path, device: str, dtype: str, work: Path, reference: Reference) -> Check:
@@ -185,7 +192,10 @@ def tp_check(target: Path, device: str, dtype: str, work: Path, reference: Refer
     try:
         mp.spawn(_tp_rank, args=(2, rendezvous, str(target), device, dtype, str(out)), nprocs=2, join=True)
     except Exception as exc:
-        return Check(name, False, f"{type(exc).__name__}: {exc}")
+        # A rank that got past the final barrier had done all its work: a crash after it is teardown's.
+        if not all(out.with_suffix(f".rank{rank}.done").exists() for rank in range(2)):
+            return Check(name, False, f"{type(exc).__name__}: {exc}")
+        print(f"note: {name}: a rank exited abnormally after the final barrier ({exc}); judged on its output")
     result = json.loads(out.read_text())
     if result["problem"]:
         return Check(name, False, result["problem"])

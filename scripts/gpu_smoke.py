@@ -174,7 +174,7 @@ def _tp_rank(rank: int, world: int, rendezvous: str, target: str, device: str, d
     else:
         tp.follow(tp.follower_runner(config, tp.TPContext(rank, world)))
     dist.barrier()  # neither peer tears the group down while the other is still in it
-    Path(out).with_suffix(f".rank{rank}.done").touch()
+    past_barrier(Path(out), rank).touch()
     dist.destroy_process_group()
     # Leave without the interpreter's teardown: a gloo peer once aborted there, after all its work
     # ("terminate called without an active exception"; one full test suite on the CPU, never alone).
@@ -183,17 +183,24 @@ def _tp_rank(rank: int, world: int, rendezvous: str, target: str, device: str, d
     os._exit(0)
 
 
+def past_barrier(out: Path, rank: int) -> Path:
+    """The marker a TP rank leaves once past the final barrier: all its work is done by then."""
+    return out.with_suffix(f".rank{rank}.done")
+
+
 def tp_check(target: Path, device: str, dtype: str, work: Path, reference: Reference) -> Check:
     import torch.multiprocessing as mp
 
     name = f"tp=2 {TP_DRAFTER} {device} {dtype}"
     out = work / f"tp-{dtype}.json"
     rendezvous = f"file://{work}/rendezvous-{dtype}-{time.monotonic_ns()}"
+    for stale in (out, past_barrier(out, 0), past_barrier(out, 1)):  # a reused --work-dir's last run
+        stale.unlink(missing_ok=True)
     try:
         mp.spawn(_tp_rank, args=(2, rendezvous, str(target), device, dtype, str(out)), nprocs=2, join=True)
     except Exception as exc:
         # A rank that got past the final barrier had done all its work: a crash after it is teardown's.
-        if not all(out.with_suffix(f".rank{rank}.done").exists() for rank in range(2)):
+        if not all(past_barrier(out, rank).exists() for rank in range(2)):
             return Check(name, False, f"{type(exc).__name__}: {exc}")
         print(f"note: {name}: a rank exited abnormally after the final barrier ({exc}); judged on its output")
     result = json.loads(out.read_text())

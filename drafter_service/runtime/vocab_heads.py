@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from drafter_service.models.block import BlockDrafter
 
-HEAD_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+NAMED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def native_bf16(device: torch.device) -> bool:
@@ -55,9 +55,9 @@ def compute_dtype(choice: str, model_dtype: torch.dtype, device: torch.device) -
 
 
 def _named(choice: str, option: str) -> torch.dtype:
-    if choice not in HEAD_DTYPES:
-        raise ValueError(f"{option} must be 'auto' or one of {sorted(HEAD_DTYPES)}, got {choice!r}")
-    return HEAD_DTYPES[choice]
+    if choice not in NAMED_DTYPES:
+        raise ValueError(f"{option} must be 'auto' or one of {sorted(NAMED_DTYPES)}, got {choice!r}")
+    return NAMED_DTYPES[choice]
 
 
 class VocabHeads:

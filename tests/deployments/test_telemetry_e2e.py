@@ -9,6 +9,7 @@ histogram arrives over OTLP; the replica's Prometheus endpoint counts the same s
 
 from __future__ import annotations
 
+import http.client
 import json
 import secrets
 import urllib.request
@@ -21,6 +22,7 @@ from serving import MODEL_NAME, free_port, own_stack, wait_until
 import dspark_client
 from dspark.telemetry import semconv as sc
 from dspark.telemetry.dump import format_trace, traces
+from dspark.telemetry.prometheus import PORT_SPAN
 from dspark.telemetry.receiver import OTLPReceiver
 from router import decisions
 from router.sla import DEFAULT_CLASS
@@ -54,6 +56,20 @@ def ttft_count(receiver: OTLPReceiver) -> int:
     """Requests counted by the TTFT histogram: the latest cumulative count of each series, summed."""
     latest = {tuple(sorted(p.attributes.items())): p.count for p in receiver.points(sc.TTFT)}
     return sum(latest.values())
+
+
+def scrape_replica(first_port: int) -> str:
+    """The replica's /metrics text. Its endpoint binds the first free port from the configured one
+    upward (replicas sharing a node), so a port another process took between `free_port()` and the
+    replica's start moves it up: scan the span for the exposition that carries our namespace."""
+    for port in range(first_port, first_port + PORT_SPAN):
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+        except (OSError, http.client.HTTPException, UnicodeDecodeError):  # nothing there, or not HTTP/1
+            continue
+        if "dspark:spec_decode_num_drafts_total" in text:
+            return text
+    raise AssertionError(f"no replica Prometheus endpoint in [{first_port}, {first_port + PORT_SPAN})")
 
 
 def check_request(
@@ -147,8 +163,7 @@ def test_traces_and_metrics_from_client_to_engine_step(qwen3_dir, receiver):
             lambda: request_spans(receiver, grpc_trace, "text_completion"), what="gRPC spans"
         )
         wait_until(lambda: ttft_count(receiver) == 3, timeout_s=60, what="the TTFT of every request")
-        scraped = urllib.request.urlopen(f"http://127.0.0.1:{prometheus_port}/metrics", timeout=30)
-        scraped = scraped.read().decode()
+        scraped = scrape_replica(prometheus_port)
 
     speculation = body["dspark"]["speculation"]
     check_request(http_spans, "text_completion", body["usage"], speculation, body["id"], parent)

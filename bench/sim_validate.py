@@ -79,6 +79,25 @@ ENGINE = {
 }
 
 
+def workload(quick: bool = False) -> Workload:
+    """The validation's seeded workload (--quick: a short one)."""
+    rate, duration = (1.0, 6.0) if quick else (3.0, 120.0)
+    return Workload(
+        rate=rate,
+        duration_s=duration,
+        seed=7,
+        classes={"interactive": 0.5, "standard": 0.5},
+        domains={"code": 0.5, "prose": 0.5},
+        prompt_median=48,
+        prompt_sigma=0.4,
+        output_median=48 if quick else 64,
+        output_sigma=0.5,
+        long_prompt_share=0.0,
+        max_prompt=192,
+        max_output=192,
+    )
+
+
 def validate(
     models: str,
     quick: bool = False,
@@ -97,22 +116,9 @@ def validate(
     ):
         return {"skipped": f"no demo models under {models!r} (make models)"}
     engine = {**ENGINE, "drafter": drafter}
-    rate, duration = (1.0, 6.0) if quick else (3.0, 120.0)
+    work = workload(quick)
+    rate, duration = work.rate, work.duration_s
     warmup = 1.0 if quick else 15.0
-    work = Workload(
-        rate=rate,
-        duration_s=duration,
-        seed=7,
-        classes={"interactive": 0.5, "standard": 0.5},
-        domains={"code": 0.5, "prose": 0.5},
-        prompt_median=48,
-        prompt_sigma=0.4,
-        output_median=48 if quick else 64,
-        output_sigma=0.5,
-        long_prompt_share=0.0,
-        max_prompt=192,
-        max_output=192,
-    )
     trace = generate(work)
     prompts = _prompts(target, trace)
     classes = CLASSES["cpu_measured"]

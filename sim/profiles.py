@@ -57,6 +57,13 @@ class Profile:
     # measured, the whole path is taken before the router sees the request.
     request_path_in_s: float | None = None
     host: HostCost | None = None
+    # The engine's table heals from its observed forwards (dspark/cost_table.py), bucket by bucket: where
+    # the served forwards part from the table (the table timed at start under other contention than
+    # serving's), the draft gate and the verify lengths decide on the healed table, not the profiled one.
+    # True: each replica heals a copy of the table from its modelled forwards' wall time, at the engine's
+    # rate (`heal_rate`, EngineConfig.cost_table_ema), and its gate times drafting in wall time too.
+    heal_table: bool = False
+    heal_rate: float = 0.05
     sources: tuple[str, ...] = ()
     assumptions: tuple[str, ...] = ()
     # Shared by every replica of this profile: the engine's table, and memoised verify-length choices.
@@ -132,6 +139,8 @@ def from_dict(data: dict) -> Profile:
         request_path_s=float(data.get("request_path_s", 0.0)),
         request_path_in_s=None if data.get("request_path_in_s") is None else float(data["request_path_in_s"]),
         host=HostCost.from_json(data.get("host")),
+        heal_table=bool(data.get("heal_table", False)),
+        heal_rate=float(data.get("heal_rate", 0.05)),
         sources=tuple(data.get("sources", ())),
         assumptions=tuple(data.get("assumptions", ())),
     )

@@ -23,6 +23,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 
+from dspark.cost_table import CostTable
 from dspark.draft_budget import DraftBudget
 from dspark.draft_gate import DraftGate
 from dspark.errors import AdmissionError
@@ -113,7 +114,16 @@ class SimReplica:
         self.max_ongoing = max_ongoing or profile.max_num_seqs
         self.slow = slow
         self.pages = PageManager(profile.kv_pages, profile.page_size)
-        self.table = profile.cost_table()
+        # The forward's modelled time comes from the profile's table, fixed. The engine decides (draft
+        # gate, verify lengths, prefill budget) on its own table, which it heals online from its observed
+        # forwards (CostTable.observe): with `profile.heal_table` a replica keeps a copy that heals the
+        # same way from its modelled forwards at their wall time (contention, slowness), bucket by bucket
+        # as they are observed, as the engine's does.
+        self.model_table = profile.cost_table()
+        self.table = self.model_table
+        if profile.heal_table:
+            base = self.model_table
+            self.table = CostTable(list(base.points), list(base.rates), base.max_tokens, source="cache")
         self.policy = make_policy(scheduler)
         self.gamma = window_limit(scheduler, profile.gamma) if drafting else 0
         self.gate = DraftGate() if draft_gate and scheduler in SCHEDULED_MODES and self.gamma > 0 else None
@@ -123,7 +133,9 @@ class SimReplica:
         self.counters = Counters()
         self.stepping = False
         self.alive = True
-        self._memo = profile.cache.setdefault(("lengths", scheduler), {})
+        # Verify-length choices shared by the profile's replicas, whose tables are one; a healing table is
+        # the replica's own and changes every step, so its choices are not kept.
+        self._memo = {} if profile.heal_table else profile.cache.setdefault(("lengths", scheduler), {})
         # What it publishes for the router: the engine's table heals online from observed step times
         # (dspark/cost_table.py), so a slow node's published rates are its true ones.
         self.published_table = [[b, round(r / self.slow, 3)] for b, r in profile.published_table()]
@@ -209,8 +221,8 @@ class SimReplica:
         used = self.pages.num_pages - self.pages.num_free_pages
         self.counters.max_pages_used = max(self.counters.max_pages_used, used)
         drafters = len(caps) - caps.count(0)
-        forward = self.slow * self.profile.forward_scale / self.table(tokens)
-        seconds = self.slow * self.profile.step_seconds(tokens, len(decoding), drafters, self.table)
+        forward = self.slow * self.profile.forward_scale / self.model_table(tokens)
+        seconds = self.slow * self.profile.step_seconds(tokens, len(decoding), drafters, self.model_table)
         draft = self.slow * (self.profile.draft_s_per_step + drafters * self.profile.draft_s_per_request)
         return Plan(decoding, lengths, chunks, tokens, drafting, draft if drafters else 0.0, forward, seconds)
 
@@ -297,16 +309,27 @@ class SimReplica:
                 first.append(s.req)
                 if s.req.max_tokens <= 1:
                     done.append(self._finish(s, now))
+        if self.table is not self.model_table:  # the engine's table heals from the forward it timed
+            # What the engine times as its forward (runner.forward) is the step but its drafting: the
+            # per-request and per-token work of a step is mostly in that call.
+            observed = plan.seconds - plan.draft_seconds * plan.stretch
+            self.table.observe(plan.tokens, observed, self.profile.heal_rate)
+            self._memo.clear()
         if self.gate is not None and plan.decoding:
+            # The engine's gate weighs its measured drafting time (wall) against its table, healed
+            # toward its measured forwards: a healing table here is on that clock, the drafting at its
+            # wall time too; a fixed one times the forward at 1 / forward_scale of the modelled one, and
+            # so the drafting.
+            if self.table is self.model_table:
+                draft_seconds = plan.draft_seconds / self.profile.forward_scale
+            else:
+                draft_seconds = plan.draft_seconds * plan.stretch
             self.gate.record(
                 plan.drafting,
                 len(plan.decoding),
                 accepted_total,
                 sum(plan.lengths),
-                # The engine's gate weighs its measured drafting time against its table, which heals
-                # toward its measured forwards (CostTable.observe), so both are on one clock; this
-                # table times the forward at 1 / forward_scale of the modelled one, and so the drafting.
-                plan.draft_seconds / self.profile.forward_scale,
+                draft_seconds,
                 self.table,
             )
         return first, done

@@ -138,8 +138,16 @@ class SimReplica:
         self._memo = {} if profile.heal_table else profile.cache.setdefault(("lengths", scheduler), {})
         # What it publishes for the router: the engine's table heals online from observed step times
         # (dspark/cost_table.py), so a slow node's published rates are its true ones.
-        self.published_table = [[b, round(r / self.slow, 3)] for b, r in profile.published_table()]
+        self._published_table = [[b, round(r / self.slow, 3)] for b, r in profile.published_table()]
         self._survival = {d: survival(row[: profile.gamma]) for d, row in profile.acceptance.items()}
+
+    @property
+    def published_table(self) -> list[list[float]]:
+        """The table its stats carry (deployments/replica_state.py snapshot): a healing table as it stands
+        (it holds the replica's slowness already), else the profile's at the replica's speed."""
+        if self.table is self.model_table:
+            return self._published_table
+        return [[b, round(r, 3)] for b, r in zip(self.table.points, self.table.smoothed)]
 
     # ---- admission ----------------------------------------------------------------------------------
 

@@ -182,6 +182,11 @@ def test_a_healing_table_heals_from_the_forwards_wall_time_and_the_gate_times_dr
     assert last.drafting and last.seconds == plans[-2].seconds == plans[-3].seconds
     assert last.forward_seconds == pytest.approx(0.5 / fixed(last.tokens), rel=1e-12)
     assert 1.0 / replica.table(last.tokens) == pytest.approx(1.5 * last.forward_seconds, rel=1e-2)
+    # Its stats carry the healed table, as a real replica's do (the router predicts from it).
+    assert replica.published_table == [
+        [b, round(r, 3)] for b, r in zip(replica.table.points, replica.table.smoothed)
+    ]
+    assert replica.published_table[0][1] > profile.sps_rates[0]  # its bucket: 0.5 x 1.5 of the table's time
     timed = [p for p in plans if p.drafting][1:]  # the first drafting round folded the prompt: not timed
     assert replica.gate.draft_s is not None and timed
     assert replica.gate.draft_s == pytest.approx(1.5 * (0.0005 + 0.001), rel=0.05)

@@ -3,14 +3,14 @@
 bench/sim_validate.py's real half serves its seeded trace on two replicas; this feeds one engine (the
 same engine settings, one torch thread) the requests of one of them (every other request, `--part`),
 each at its arrival time, and logs every round that drafted: the decoding requests, accepted and
-verified drafts, the drafting seconds, the gate's state after it (accepted and verified drafts per
-request-round, drafting seconds per request, its probe interval) and whether drafting pays by it. Run two
-at once (`--part 0` and `--part 1`) for the validation's two engines on this machine's two cores.
+verified drafts, the drafting seconds, the probe interval before it, the gate's state after it
+(DraftGate.to_dict) and whether drafting pays by that state. Run two at once (`--part 0` and
+`--part 1`) for the validation's two engines on this machine's two cores.
 
     python bench/gate_trace.py --models models --part 0 --seconds 60 &
     python bench/gate_trace.py --models models --part 1 --seconds 60
 
-Prints a summary and writes the rounds as JSON lines to --out (default: stdout only).
+Prints a summary; --out FILE also writes the rounds there as JSON lines.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
                     "accepted": accepted,
                     "verified": verified,
                     "draft_ms": round(draft_seconds * 1e3, 3),
-                    "probe_every": interval,
+                    "probe_interval": interval,
                     **state,
                     "pays": pays,
                 }
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     print("healed table, ms per forward:", [(b, round(1e3 / table(b), 2)) for b in (1, 2, 4, 8, 12, 16)])
     print(
         "probe interval at drafting rounds:",
-        sorted(collections.Counter(r["probe_every"] for r in rounds).items()),
+        sorted(collections.Counter(r["probe_interval"] for r in rounds).items()),
     )
     print("drafting pays by the gate after a round:", dict(collections.Counter(r["pays"] for r in rounds)))
     if args.out:

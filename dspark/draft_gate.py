@@ -92,9 +92,12 @@ class DraftGate:
             self.probe_every = min(2 * self.probe_every, self.max_probe_every)
 
     def to_dict(self) -> dict:
+        """Its state: accepted and verified drafts per request-round and drafting seconds per request (as
+        measured, smoothed), rounds declined in a row, and the rounds it declines before the next probe."""
         return {
             "gain": self.gain,
             "verified": self.verified,
             "draft_s": self.draft_s,
             "declined": self.declined,
+            "probe_every": self.probe_every,
         }

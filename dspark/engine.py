@@ -113,6 +113,7 @@ class Engine:
         self.cost_table = cost_table
         # Scheduled modes also decide, from earlier rounds, whether drafting pays at all (draft_gate.py).
         self.draft_gate = DraftGate() if config.draft_gate and config.scheduler in SCHEDULED_MODES else None
+        self.stats.draft_gate = self.draft_gate
         # A drafter that never reports confidences (n-gram) has its windows verified in full: no table.
         confident = getattr(self.drafter, "reports_confidence", True)
         if cost_table is None and config.scheduler in SCHEDULED_MODES and self.gamma > 0 and confident:

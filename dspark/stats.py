@@ -7,6 +7,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from dspark.draft_budget import DraftBudget
+from dspark.draft_gate import DraftGate
 
 
 @dataclass
@@ -41,6 +42,9 @@ class EngineStats:
     # The verify-length scheduler: its budget, the lengths it chose (l -> request-rounds), and in
     # rounds with confidences the accepted drafts it expected (sum of survival) against those accepted.
     draft_budget: DraftBudget = field(default_factory=DraftBudget)
+    # The draft gate (scheduled modes), whose state says why rounds were gated: what it measured drafting
+    # to gain and cost, and when it probes next. None: no gate.
+    draft_gate: DraftGate | None = None
     verify_lengths: Counter = field(default_factory=Counter)
     predicted_accepted_tokens: float = 0.0
     realised_accepted_tokens: int = 0
@@ -113,6 +117,7 @@ class EngineStats:
             "finished_requests": self.finished_requests,
             "aborted_requests": self.aborted_requests,
             "gated_rounds": self.gated_rounds,
+            "draft_gate": self.draft_gate.to_dict() if self.draft_gate is not None else None,
             "failed_requests": self.failed_requests,
             "drafter_failures": self.drafter_failures,
             "step_time_s": round(self.step_time_s, 4),

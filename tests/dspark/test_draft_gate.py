@@ -66,6 +66,12 @@ def test_gated_engine_stays_token_identical_and_probes(qwen3_dir):
     assert outputs == expected
     assert engine.stats.gated_rounds > 0
     assert engine.stats.drafted_tokens > 0  # the probe rounds still drafted
+    # Why, in the engine's stats: what the gate measured and when it probes next.
+    gate = engine.stats.to_dict()["draft_gate"]
+    assert gate == engine.draft_gate.to_dict() and gate["draft_s"] is not None
+    assert gate["probe_every"] >= engine.draft_gate.min_probe_every and 0 <= gate["gain"] <= gate["verified"]
+    no_gate = Engine(EngineConfig(model=str(qwen3_dir), num_kv_pages=64, kv_page_size=8, draft_gate=False))
+    assert no_gate.stats.to_dict()["draft_gate"] is None
 
 
 def test_probes_back_off_while_they_confirm_and_reset_when_drafting_pays():

@@ -20,7 +20,7 @@ from collections.abc import Container, Mapping
 from dataclasses import dataclass, replace
 
 from router import decisions
-from router.policy import Decision, Newcomer, PolicyConfig, ReplicaState, Sla, Speed, decide
+from router.policy import Decision, Newcomer, PolicyConfig, ReplicaState, Sla, decide
 from router.signals import (
     Ledger,
     prefill_rate,
@@ -29,6 +29,7 @@ from router.signals import (
     smooth_speed,
     speed_of,
 )
+from router.speed import Speed
 
 PREFIX_MEMORY_S = 2.0  # a few stats periods (0.25 s) plus a prefill: then the pushed summary has it
 PREFIX_MEMORY_PAGES = 4096  # per replica: bounds the memory under a flood of distinct prompts

@@ -32,7 +32,8 @@ import math
 from collections.abc import Collection, Container, Mapping
 from dataclasses import dataclass, field, replace
 
-from router.policy import Newcomer, ReplicaState, Sla, Speed, SpsTable, pages_for, tau
+from router.policy import Newcomer, ReplicaState, Sla, pages_for
+from router.speed import Speed, SpsTable, tau
 
 
 def fit_acceptance(recent_tau: float, mean_verified: float, prior: float) -> float:

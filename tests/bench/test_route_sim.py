@@ -22,7 +22,7 @@ from bench.route_sim import (
     summarise,
 )
 from bench.route_workload import Arrival, SlaTarget
-from router.policy import tau
+from router.speed import tau
 from sim.profiles import load
 from sim.workload import Request
 

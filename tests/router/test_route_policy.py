@@ -14,22 +14,16 @@ from router.policy import (
     PromptPages,
     ReplicaState,
     Sla,
-    Speed,
-    SpsTable,
     cached_tokens,
     decide,
     exclusion,
     inflow_rate,
     predict,
-    prefill_per_step,
     resident_backlog,
-    step_time,
-    tau,
     time_until_room,
-    tpot,
     ttft,
-    verify_length,
 )
+from router.speed import Speed, SpsTable, prefill_per_step, step_time, tau, tpot, verify_length
 
 # SPS falls from 100 steps/s at one token to 5 at 1024: a small model's shape.
 TABLE = SpsTable((1, 8, 32, 128, 512, 1024), (100.0, 90.0, 60.0, 30.0, 10.0, 5.0))

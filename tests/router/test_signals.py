@@ -11,7 +11,7 @@ import pytest
 
 from router import decisions
 from router.balancer import PREFIX_MEMORY_S, Balancer
-from router.policy import Newcomer, PolicyConfig, PromptPages, Sla, SpsTable, predict, step_time, tau
+from router.policy import Newcomer, PolicyConfig, PromptPages, Sla, predict
 from router.signals import (
     CALIBRATION_MAX_AGE_S,
     MAX_CALIBRATION,
@@ -26,6 +26,7 @@ from router.signals import (
     speed_of,
     sps_scale,
 )
+from router.speed import SpsTable, step_time, tau
 
 STANDARD = Sla("standard", ttft_s=5.0, tpot_s=0.25, priority=1)
 INTERACTIVE = Sla("interactive", ttft_s=1.0, tpot_s=0.05, priority=0, may_shed=True)

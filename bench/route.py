@@ -461,7 +461,7 @@ def run_setting(
             # only) against realised (the client's) TTFT and TPOT, the median of their ratio.
             "predicted_vs_realised": None
             if traced is None
-            else predicted_vs_realised(sent[arm], traced, kinds),
+            else predicted_vs_realised(sent[arm], traced, kinds, targets),
         }
     return result
 

@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from bench.route_workload import Outcome
+from bench.route_workload import Outcome, SlaTarget, met, percentile
 
 ROUTE_EVENT = "dspark.route"  # router/decisions.py EVENT (not imported: that would load the router here)
 REQUEST_ID = "dspark.request_id"  # dspark/telemetry/semconv.py
@@ -68,12 +68,16 @@ def _ms(seconds: float | None) -> float | None:
 
 
 def predicted_vs_realised(
-    requests: Sequence[tuple[str, Outcome]], traced: Mapping[str, Traced], kinds: Mapping[str, str]
+    requests: Sequence[tuple[str, Outcome]],
+    traced: Mapping[str, Traced],
+    kinds: Mapping[str, str],
+    targets: Sequence[SlaTarget] = (),
 ) -> dict[str, dict]:
     """Per replica (named by its kind, e.g. "drafter x8", then its id), over the completed `requests`
     (request id, what the client measured) whose trace arrived: how many ran there, the median realised
     and predicted TTFT and TPOT, and the median ratio predicted / realised of each. `kinds`: replica id
-    -> kind."""
+    -> kind. With `targets`, per SLA class too: how many of each ran there, the share that met its
+    targets and their realised TPOT p50 / p99 (which class missed where)."""
     by_replica: dict[str, list[tuple[Outcome, Traced]]] = {}
     for rid, outcome in requests:
         found = traced.get(rid)
@@ -92,7 +96,26 @@ def predicted_vs_realised(
             "ttft_ratio_p50": _ratio(ttfts),
             "tpot_ratio_p50": _ratio(tpots),
         }
+        if targets:
+            entry["by_class"] = _by_class([o for o, _ in pairs], targets)
         out[f"{kinds.get(replica, '?')} {replica}"] = entry
+    return out
+
+
+def _by_class(outcomes: Sequence[Outcome], targets: Sequence[SlaTarget]) -> dict[str, dict]:
+    out = {}
+    for target in targets:
+        mine = [o for o in outcomes if o.arrival.sla_class == target.name]
+        if not mine:
+            continue
+        tpots = [o.tpot_s for o in mine if o.tpot_s is not None]
+        p50, p99 = percentile(tpots, 50), percentile(tpots, 99)
+        out[target.name] = {
+            "requests": len(mine),
+            "attainment": round(sum(met(o, target) for o in mine) / len(mine), 4),
+            "realised_tpot_p50_ms": _ms(p50),
+            "realised_tpot_p99_ms": _ms(p99),
+        }
     return out
 
 

@@ -15,7 +15,7 @@ from bench.route_calibration import (
     request_id,
     traced_requests,
 )
-from bench.route_workload import Arrival, Outcome
+from bench.route_workload import Arrival, Outcome, SlaTarget
 from dspark.telemetry import semconv
 from dspark.telemetry.receiver import ReceivedSpan
 from router import decisions
@@ -89,6 +89,19 @@ def test_predictions_are_compared_per_replica_by_the_median_ratio():
             "tpot_ratio_p50": None,
         },
     }
+    # Per class, with the targets: which class met its targets where (all "batch" here).
+    loose, tight = SlaTarget("batch", 0.5, 1.0, 0.05), SlaTarget("interactive", 0.5, 1.0, 0.015)
+    by_class = predicted_vs_realised(sent, traced, {}, [tight, loose])["? r1"]["by_class"]
+    assert by_class == {
+        "batch": {
+            "requests": 3,
+            "attainment": 1.0,
+            "realised_tpot_p50_ms": 20.0,
+            "realised_tpot_p99_ms": 39.6,
+        }
+    }
+    tightened = predicted_vs_realised(sent, traced, {}, [SlaTarget("batch", 1.0, 1.0, 0.015)])
+    assert tightened["? r1"]["by_class"]["batch"]["attainment"] == pytest.approx(1 / 3, abs=1e-4)
     # An optimistic router: half the realised TPOT predicted everywhere.
     slow = {rid: Traced("r1", 0.1, 0.01) for rid in traced}
     assert predicted_vs_realised(sent[:2], slow, {})["? r1"]["tpot_ratio_p50"] == pytest.approx(0.375)

@@ -14,6 +14,7 @@ the target per request-round, from the engine's stats over the point.
 
     python bench/load.py --models models --reprofile    # full sweep: 4.6 min on a quiet 2-core machine
     python bench/load.py --models models --quick        # N = 1, 4, 16, short requests: load_quick.*
+    python bench/load.py --report-from bench/results/load.json   # summary, tables, plots re-derived only
 
 Run it on a quiet machine: with other work on the CPUs, torch's threads contend and steps slow down
 tenfold or more (the 1-min load average after every point is in the JSON). --reprofile re-measures the
@@ -331,6 +332,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--quick", action="store_true", help="N in 1,4,16, short requests; writes load_quick.*"
     )
+    parser.add_argument(
+        "--report-from",
+        type=Path,
+        default=None,
+        help="an earlier run's JSON: re-derive its summary, tables and plots from its measured points "
+        "(nothing is measured; the result keeps that run's command and records this re-derivation)",
+    )
     args = parser.parse_args()
     if args.quick:  # smaller defaults; options given explicitly still win
         parser.set_defaults(concurrency="1,4,16", new_tokens=48, prompt_tokens=32, min_requests=4)
@@ -343,6 +351,9 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    if args.report_from is not None:
+        report_from(args.report_from, args.anchor_factor)
+        return
     name = "load_quick" if args.quick else "load"
     concurrency = [int(c) for c in args.concurrency.split(",")]
     methods = args.methods.split(",")
@@ -389,7 +400,7 @@ def main() -> None:
         points.append({"method": HF, **run_hf(target, assistant_dir, work, num(1), eos)})
         hf_plain = run_hf(target, None, work, num(1), eos)
 
-    summary = summarize(points, code_points, args.anchor_factor)
+    summary = summarize(points, code_points, args.anchor_factor, hf_plain)
     result = {
         "command": "python bench/load.py " + " ".join(sys.argv[1:]),
         "points": points,
@@ -422,6 +433,16 @@ def main() -> None:
         "wall_minutes": round((time.perf_counter() - began) / 60, 2),
     }
     write(result, name)
+
+
+def report_from(path: Path, anchor_factor: float) -> None:
+    """The summary, tables and plots of the run at `path` re-derived from its points by this code."""
+    result = json.loads(path.read_text())
+    result["summary"] = summarize(
+        result["points"], result["single_stream_code"], anchor_factor, result.get("hf_plain")
+    )
+    result["report_derived_by"] = "python bench/load.py " + " ".join(sys.argv[1:])
+    write(result, path.stem)
 
 
 def write(result: dict, name: str) -> None:

@@ -67,13 +67,22 @@ def test_summary_and_targets_from_synthetic_points() -> None:
         "plain": {"tok_s_user": 100.0, "mean_verify_tokens": 0.0},
         "dspark_scheduled": {"tok_s_user": 250.0, "mean_verify_tokens": 5.0},
     }
-    s = summarize(points, code, anchor_factor=0.8)
+    s = summarize(points, code, anchor_factor=0.8, hf_plain={"tok_s_user": 120.0})
     matched = s["matched_throughput_speedup_vs_mtp1"]
     # Overlap 300..1120: dspark 300 vs mtp1 at 300 (interp 150->480: 135), ... , 1120 (dspark interp).
     assert [lv["tok_s_total"] for lv in matched["levels"]] == [300, 480, 960, 1120]
     assert matched["levels"][0]["ratio"] == pytest.approx(300 / (150 - 30 * 150 / 330), abs=1e-3)
     assert s["single_stream_speedup_vs_plain_code"] == 2.5
     assert s["speedup_vs_hf_assisted"] == 2.0
+    # The peer at its best: assisted (150) beats generate without the assistant (120) here.
+    assert s["transformers_best_c1"] == {"method": "assisted", "tok_s_user": 150}
+    assert s["speedup_vs_transformers_best"] == 2.0
+    slower = summarize(points, code, anchor_factor=0.8, hf_plain={"tok_s_user": 200.0})
+    assert (
+        slower["transformers_best_c1"]["method"] == "generate"
+        and slower["speedup_vs_transformers_best"] == 1.5
+    )
+    assert summarize(points, code, anchor_factor=0.8)["transformers_best_c1"]["method"] == "assisted"
     sla = s["sla_anchor_throughput"]
     assert sla["anchor_tok_s_user"] == 80
     assert sla["by_method"]["dspark_scheduled"] == {"tok_s_total": 1280, "binding": False}

@@ -47,6 +47,13 @@ class EngineConfig:
     # Scheduled modes skip drafting for rounds where earlier rounds say the drafter's own cost outweighs
     # its accepted tokens (draft_gate.py); False drafts every round, as Algorithm 1 alone does.
     draft_gate: bool = True
+    # Scheduled modes walk Algorithm 1 on each round's forward plus its drafting (the gate's measured
+    # drafting seconds per request: scheduler.RoundRate) instead of the forward alone. Off by default (the
+    # paper's Algorithm 1, which the simulator models): on this project's CPU, single stream, it verified
+    # 4.15 drafts a round instead of 3.29 at T=0 (1.98x plain against 1.86x, noise 2.9 %) and gained
+    # nothing at T=1 (0.95x against 1.00x, noise 7.8 %), where the gate declines most rounds either way
+    # (python bench/round_rate.py); at higher concurrency not measured yet.
+    verify_counts_drafting: bool = False
     cost_table_ema: float = 0.05  # weight of each observed step in the table's online refresh; 0 freezes
     # Isolation (request_failure.py, drafter_guard.py): a request whose own processing raises fails
     # alone, but this many such failures within `failure_window_steps` steps mark the engine unhealthy.

@@ -36,6 +36,7 @@ from dspark.request_failure import FailureWindow, check_logits, request_failure
 from dspark.runner import ForwardItem
 from dspark.sampling import greedy, probs_from_logits, sample
 from dspark.sampling_params import SamplingParams
+from dspark.scheduler import RoundRate, Sps
 from dspark.sequence import Sequence, Status
 from dspark.stats import EngineStats, count_positions
 from dspark.step_budget import prefill_tokens
@@ -266,7 +267,7 @@ class Engine:
         t_draft = time.perf_counter()
         proposals = self._propose(decoding, caps)
         draft_time = time.perf_counter() - t_draft
-        round_ = self._verify_round(proposals, caps, step_cap)
+        round_ = self._verify_round(proposals, caps, step_cap, self._round_rate(proposals))
         lengths = self.policy.choose(round_)
         budget = self._step_tokens(len(decoding) + sum(lengths), budget)
 
@@ -406,10 +407,22 @@ class Engine:
         limit = self.draft_budget.request_cap(seq.params.sla_class)
         return max(0, cap if limit is None else min(cap, limit))
 
-    def _verify_round(self, proposals: list[DraftProposal], caps: list[int], step_cap: int) -> VerifyRound:
+    def _round_rate(self, proposals: list[DraftProposal]) -> Sps | None:
+        """What the verify-length walk weighs a round by: the cost table, with the round's drafting added
+        (the gate's steady drafting seconds per request, for each request that drafted) where that is
+        measured and `verify_counts_drafting` asks for it."""
+        gate, table = self.draft_gate, self.cost_table
+        if table is None or gate is None or gate.draft_s is None or not self.config.verify_counts_drafting:
+            return table
+        drafting = sum(1 for p in proposals if p.token_ids)
+        return RoundRate(table, gate.draft_s * drafting) if drafting else table
+
+    def _verify_round(
+        self, proposals: list[DraftProposal], caps: list[int], step_cap: int, sps: Sps | None
+    ) -> VerifyRound:
         """What the policy sees; the pipelined variant gets survival of round t-2 only (its firewall)."""
         history = self._survival_history[0] if len(self._survival_history) == 2 else None
-        round_ = VerifyRound.build(proposals, caps, step_cap, self.cost_table, history)
+        round_ = VerifyRound.build(proposals, caps, step_cap, sps, history)
         # Only rounds that drafted: a gated round has no confidences, and would zero the pipelined
         # capacity of the probe two rounds later. Older drafted rounds are resolved all the same.
         if any(p.token_ids for p in proposals):

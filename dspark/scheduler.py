@@ -35,6 +35,29 @@ from collections.abc import Callable, Iterable, Sequence
 Sps = Callable[[int], float]  # steps per second of a forward with B tokens in total
 
 
+class RoundRate:
+    """Rounds per second when each round pays `seconds` besides its forward of B tokens (the drafter's
+    own time): 1 / (1/SPS(B) + seconds).
+
+    Algorithm 1 weighs the forward alone, tau / T(B). Where every round drafts before it verifies, the
+    long-run rate of rounds is tau / (T(B) + d): an extra verified token pays when it gains more than
+    that rate, and while d is a large share of a round (a CPU) the forward-only walk stops short. The
+    drafting is already done when the walk runs, but the next round will pay it again. Adding a constant
+    to a convex step time keeps it convex, so the early stop stays exact, and verification lossless.
+    """
+
+    def __init__(self, sps: Sps, seconds: float) -> None:
+        self.sps, self.seconds = sps, seconds
+        self._convex = getattr(sps, "convex", sps)
+
+    def __call__(self, tokens: int) -> float:
+        return 1.0 / (1.0 / self.sps(tokens) + self.seconds)
+
+    def convex(self, tokens: int) -> float:
+        """The envelope the walk reads: the wrapped table's convex step time plus the drafting."""
+        return 1.0 / (1.0 / self._convex(tokens) + self.seconds)
+
+
 def survival(confidences: Iterable[float]) -> list[float]:
     """Prefix survival a_j = prod_{i<=j} c_i; confidences are clamped to [0, 1] and NaN counts as 0."""
     out, a = [], 1.0

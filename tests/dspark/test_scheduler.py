@@ -13,7 +13,7 @@ from dspark.cost_table import CostTable
 from dspark.draft_budget import DraftBudget
 from dspark.drafter import DraftProposal
 from dspark.errors import InvalidRequestError
-from dspark.scheduler import best_capacity, convex_rates, pick_top, ranked, schedule, survival
+from dspark.scheduler import RoundRate, best_capacity, convex_rates, pick_top, ranked, schedule, survival
 from dspark.verify_policy import (
     ConfidenceThreshold,
     FixedLength,
@@ -73,6 +73,20 @@ def test_the_walk_crosses_a_concave_kink_of_the_step_time():
     assert ScheduledLength().choose(VerifyRound([3], rows, 3, tab)) == [3]
     # A bare SPS function is walked as given: the same table's raw rates stop at the kink.
     assert ScheduledLength().choose(VerifyRound([3], rows, 3, lambda b: tab(b))) == [0]
+
+
+def test_weighing_whole_rounds_verifies_what_the_drafting_pays_for():
+    # Step time 1 + 0.2 (B - 1), convex. One request, survival 0.9, 0.5, 0.2. Forward alone: thetas
+    # 1.9 / 1.2, 2.4 / 1.4, then 2.6 / 1.6 = 1.625 < 1.714: two drafts. With 2 s of drafting a round:
+    # 2.4 / 3.4 = 0.706, then 2.6 / 3.6 = 0.722: the third pays too.
+    tab = CostTable([1, 2, 3, 4], [1.0, 1 / 1.2, 1 / 1.4, 1 / 1.6], max_tokens=4)
+    rows = [[0.9, 0.5, 0.2]]
+    assert ScheduledLength().choose(VerifyRound([3], rows, 3, tab)) == [2]
+    assert ScheduledLength().choose(VerifyRound([3], rows, 3, RoundRate(tab, 2.0))) == [3]
+    # No drafting cost: the table itself; the walk reads the wrapped table's envelope plus the drafting.
+    assert [RoundRate(tab, 0.0)(b) for b in (1, 2, 3, 4)] == pytest.approx([tab(b) for b in (1, 2, 3, 4)])
+    kinked = CostTable([1, 2, 3, 4], [1.0, 1 / 1.5, 1 / 1.6, 1 / 1.7], max_tokens=4)
+    assert 1 / RoundRate(kinked, 0.5).convex(2) == pytest.approx(1 / kinked.convex(2) + 0.5)
 
 
 def test_step_cap_and_fixed_tokens():

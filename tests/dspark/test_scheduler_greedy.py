@@ -14,6 +14,7 @@ from dspark import AsyncEngine
 from dspark.config import SCHEDULERS, EngineConfig
 from dspark.cost_table import CostTable
 from dspark.draft_budget import DraftBudget
+from dspark.draft_gate import DraftGate
 from dspark.engine import Engine
 from dspark.sequence import Status
 from dspark.verify_policy import VerifyRound
@@ -63,11 +64,26 @@ class Recorder:
         return lengths
 
 
-@pytest.mark.parametrize("mode", SCHEDULERS)
-def test_every_mode_is_greedy_identical(qwen3_dir, mode):
+class DraftingCosts(DraftGate):
+    """A gate that always drafts, whose measured drafting is 20 ms a request (a step of the steep table
+    is 10 ms): what the walk adds to each round with verify_counts_drafting."""
+
+    def __init__(self) -> None:
+        super().__init__(ema=0.0, gain=1.0, draft_s=0.02)
+
+    def should_draft(self, num_requests, sps) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    "mode, whole_rounds", [(m, False) for m in SCHEDULERS] + [("dspark", True), ("pipelined", True)]
+)
+def test_every_mode_is_greedy_identical(qwen3_dir, mode, whole_rounds):
     prompts = prompts_of_mixed_length(384)
     expected = reference(qwen3_dir, prompts)
-    engine = scheduled_engine(qwen3_dir, prompts, expected, mode)
+    engine = scheduled_engine(qwen3_dir, prompts, expected, mode, verify_counts_drafting=whole_rounds)
+    if whole_rounds:
+        engine.draft_gate = engine.stats.draft_gate = DraftingCosts()
     engine.policy = recorder = Recorder(engine.policy)
 
     assert run_staggered(engine, prompts) == expected

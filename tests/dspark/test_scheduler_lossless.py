@@ -38,7 +38,7 @@ from dspark import SamplingParams
 from dspark.config import EngineConfig
 from dspark.cost_table import CostTable
 from dspark.engine import Engine
-from dspark.scheduler import best_capacity, pick_top, survival
+from dspark.scheduler import RoundRate, best_capacity, pick_top, survival
 from dspark.verify_policy import ScheduledLength, VerifyRound
 
 RATES = [1.0, 0.6, 0.55]  # SPS(1), SPS(2), SPS(3)
@@ -63,11 +63,16 @@ def paper_confidence(slot: int, previous: int) -> float:
     return 1.0 if previous == 0 else 0.1
 
 
-def emitted(policy, anchor: int, n: int, history=None, seen: set | None = None) -> dict[tuple, float]:
-    """Exact distribution of the next n tokens one request emits, running rounds until n are out."""
+def emitted(
+    policy, anchor: int, n: int, history=None, seen: set | None = None, drafting_s: float | None = None
+) -> dict[tuple, float]:
+    """Exact distribution of the next n tokens one request emits, running rounds until n are out.
+    `drafting_s`: the walk weighs whole rounds, that many seconds of drafting added to each forward."""
     if n == 0:
         return {(): 1.0}
     sps = CostTable([1, 2, 3], RATES, 3)
+    if drafting_s is not None:
+        sps = RoundRate(sps, drafting_s)
     out: dict[tuple, float] = defaultdict(float)
     for draft in itertools.product(range(2), repeat=GAMMA):
         mass = Q[draft[0]] * Q[draft[1]]
@@ -76,7 +81,7 @@ def emitted(policy, anchor: int, n: int, history=None, seen: set | None = None) 
         if seen is not None:
             seen.add((anchor, draft[0], length))
         for tokens, prob in _verify_branches(draft[:length]):
-            rest = emitted(policy, tokens[-1], max(0, n - len(tokens)), history, seen)
+            rest = emitted(policy, tokens[-1], max(0, n - len(tokens)), history, seen, drafting_s)
             for tail, p_tail in rest.items():
                 out[(tokens + tail)[:n]] += mass * prob * p_tail
     return out
@@ -111,6 +116,17 @@ def test_algorithm1_is_lossless_exactly_while_reading_sampled_tokens(anchor):
     # After either anchor (later rounds start from both) slot 1 pays on the envelope and slot 2 is
     # verified exactly when x_1 = A: the length read a sampled token.
     assert seen == {(0, 0, 2), (0, 1, 1), (1, 0, 2), (1, 1, 1)}
+
+
+@pytest.mark.parametrize("anchor", [0, 1])
+def test_algorithm1_on_whole_rounds_is_lossless_exactly(anchor):
+    """With the drafting's cost in each round (RoundRate) the walk still stops at its first drop on a
+    convex step time, reading sampled tokens as before: exactly lossless."""
+    seen: set = set()
+    assert emitted(ScheduledLength(), anchor, n=3, seen=seen, drafting_s=2.0) == pytest.approx(
+        target(3), abs=1e-12
+    )
+    assert {length for _, _, length in seen} == {1, 2}  # the length still reads x_1
 
 
 @pytest.mark.parametrize("history, capacity", [([[0.1, 0.1]], 0), ([[0.9, 0.05]], 1), ([[1.0, 1.0]], 2)])

@@ -173,8 +173,10 @@ def test_tensor_parallel_shards_pack_on_one_worker(multi, spread_app, qwen3_dir)
 def stream_or_ask_again(request: dict, cut: list, mid_stream: list):
     """A long greedy stream. One cut after tokens arrived cannot be retried by the SDK (it would repeat
     them): it surfaces, is kept in `cut`, and the client asks again with `generate`, whose own retries
-    cover a request that had not started yet. `mid_stream[0]` counts streams that have received tokens
-    and not yet ended, so the test can kill the node while its streams are surely mid-flight."""
+    cover a request that had not started yet. A stream refused for room before its first token (the
+    SDK's retries spent while capacity is halved) is overload, not a cut: the client asks again too.
+    `mid_stream[0]` counts streams that have received tokens and not yet ended, so the test can kill the
+    node while its streams are surely mid-flight."""
     lock = threading.Lock()
 
     def one(client) -> str:
@@ -187,6 +189,12 @@ def stream_or_ask_again(request: dict, cut: list, mid_stream: list):
                         with lock:
                             mid_stream[0] += 1
             return stream.completion.text
+        except dspark_client.ResourceExhaustedError:
+            if started:
+                raise
+            # Refused before its first token, as overload is (the survivor full while the lost replica
+            # is replaced; the SDK's own retries spent): not a cut stream. Asked again, as for a cut.
+            return client.generate(PROMPT, **request).text
         except dspark_client.DSparkClientError as error:
             cut.append(error)
             return client.generate(PROMPT, **request).text

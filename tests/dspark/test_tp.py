@@ -4,6 +4,7 @@ engine equals the plain engine's (gloo, CPU), and the SPS table is profiled and 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -74,14 +75,29 @@ def _rank(rank: int, world: int, init_method: str, model_dirs: list[str], cache:
     # Both ranks reach here before either tears gloo down: an early exit of one peer can abort the
     # other inside gloo's transport threads ("terminate called without an active exception").
     dist.barrier()
+    Path(f"{out}.{rank}.past_barrier").touch()
     dist.destroy_process_group()
+    # Leave without the interpreter's teardown, where gloo's threads can still abort the process (seen
+    # in a CI run: SIGABRT after the work was done); the results are written.
+    os._exit(0)
+
+
+def spawn_ranks(world: int, args: tuple, out: Path) -> None:
+    """Run `_rank` on `world` processes; a rank that aborts after the final barrier has done its work
+    (its marker says so) and does not fail the run, any other failure does."""
+    try:
+        mp.spawn(_rank, args=(world, *args), nprocs=world, join=True)
+    except mp.ProcessExitedException as exc:
+        done = all(Path(f"{out}.{r}.past_barrier").exists() for r in range(world))
+        if not (done and exc.signal_name == "SIGABRT"):
+            raise
 
 
 @pytest.mark.slow
 def test_two_way_tensor_parallel_greedy_equals_plain(qwen3_dir, llama_dir, tmp_path):
     models = [str(qwen3_dir), str(llama_dir)]  # llama has biases: row-parallel bias added once
     out, cache = tmp_path / "tp", str(tmp_path / "cache")
-    mp.spawn(_rank, args=(2, f"file://{tmp_path}/rendezvous", models, cache, str(out)), nprocs=2, join=True)
+    spawn_ranks(2, (f"file://{tmp_path}/rendezvous", models, cache, str(out)), out)
     lead, follower = (json.loads(Path(f"{out}.{r}").read_text()) for r in (0, 1))
     for model in models:
         config = EngineConfig(model=model, cost_table_dir=cache, **OPTIONS)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -173,14 +172,7 @@ def _tp_rank(rank: int, world: int, rendezvous: str, target: str, device: str, d
         engine.runner.stop()
     else:
         tp.follow(tp.follower_runner(config, tp.TPContext(rank, world)))
-    dist.barrier()  # neither peer tears the group down while the other is still in it
-    past_barrier(Path(out), rank).touch()
-    dist.destroy_process_group()
-    # Leave without the interpreter's teardown: a gloo peer once aborted there, after all its work
-    # ("terminate called without an active exception"; one full test suite on the CPU, never alone).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    tp.leave_rank(past_barrier(Path(out), rank))  # a gloo peer once aborted at teardown, after its work
 
 
 def past_barrier(out: Path, rank: int) -> Path:

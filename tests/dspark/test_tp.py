@@ -4,7 +4,6 @@ engine equals the plain engine's (gloo, CPU), and the SPS table is profiled and 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -72,14 +71,7 @@ def _rank(rank: int, world: int, init_method: str, model_dirs: list[str], cache:
         else:
             results[model] = {"forwards": tp.follow(tp.follower_runner(config, tp.TPContext(rank, world)))}
     Path(f"{out}.{rank}").write_text(json.dumps(results))
-    # Both ranks reach here before either tears gloo down: an early exit of one peer can abort the
-    # other inside gloo's transport threads ("terminate called without an active exception").
-    dist.barrier()
-    Path(f"{out}.{rank}.past_barrier").touch()
-    dist.destroy_process_group()
-    # Leave without the interpreter's teardown, where gloo's threads can still abort the process (seen
-    # in a CI run: SIGABRT after the work was done); the results are written.
-    os._exit(0)
+    tp.leave_rank(Path(f"{out}.{rank}.past_barrier"))  # a CI run saw SIGABRT at teardown after the work
 
 
 def spawn_ranks(world: int, args: tuple, out: Path) -> None:

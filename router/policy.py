@@ -31,6 +31,11 @@ The choice (llm-d's endpoint picker's shape: filters -> scorers -> pick).
   Prefix affinity falls out of the prediction, not a rule of its own: a replica that caches the
   prompt's leading pages skips their prefill, so its TTFT is lower (its slack higher when TTFT binds,
   the tie-break otherwise), while a loaded replica still loses to an idle one.
+  A replica that lacks only a free sequence slot may still be the better place: once its first running
+  request finishes it would run the newcomer in a smaller batch than the replicas with room run it now.
+  When that gives the newcomer `wait_gain` more slack (the wait counted in its TTFT), the request waits
+  for it (Serve backs off and asks again) rather than taking the worse replica now: a class with a
+  loose TTFT and a tight TPOT target trades a little of the first for the second.
   When no replica is feasible, a class that may shed is refused, with the time until the replica that
   frees up first could meet it (the running requests finish in order of their tokens left, at the TPOT
   the replica runs now); a class that may not shed goes where its slack is largest. When no replica
@@ -152,6 +157,16 @@ class PolicyConfig:
     # A class that may shed waits for a sequence slot (rather than being refused) when one is predicted
     # to free in time for its TTFT target (`slot_soon`); False: refused as soon as every replica is full.
     slot_wait: bool = True
+    # A request waits for a replica that lacks only a free sequence slot when, once its first running
+    # request finishes, that replica would give the newcomer this much more slack (relative to the
+    # targets, the wait counted in its TTFT) than the best replica with a slot gives it now. A request
+    # whose TTFT target is loose and TPOT target tight is better served by a small batch soon than by
+    # a large batch now: where max_num_seqs differ, the small replica keeps its batch small and the
+    # large one fills (bench/route.py's heterogeneous setting, where the interactive class lost its TPOT
+    # on the max_num_seqs 8 replica while the 2 one was full: with 0.1, python bench/route.py --settings
+    # heterogeneous --arms pow2 sla, goodput against pow2 1.268, repeats 1.255 / 1.263 / 1.286, where
+    # three sittings without it read 1.170, 1.052, 1.250). inf: never wait while a replica has room.
+    wait_gain: float = 0.1
     min_retry_s: float = 0.25  # a retry hint never asks for less (signals refresh about this often)
     max_retry_s: float = 30.0
 
@@ -164,6 +179,8 @@ class PolicyConfig:
             raise ValueError(f"speed_half_life_s must be >= 0, got {self.speed_half_life_s!r}")
         if not self.stale_after_s > 0:
             raise ValueError(f"stale_after_s must be > 0, got {self.stale_after_s!r}")
+        if not self.wait_gain >= 0:
+            raise ValueError(f"wait_gain must be >= 0, got {self.wait_gain!r}")
         if not 0 <= self.min_retry_s <= self.max_retry_s:
             raise ValueError("need 0 <= min_retry_s <= max_retry_s")
 
@@ -362,10 +379,13 @@ def decide(
     excluded: dict[str, str] = {}
     candidates: list[Candidate] = []
     inflow = inflow_rate(replicas) if config.prefill_aware else None
+    full: list[ReplicaState] = []  # lacking only a free slot, their signals fresh: worth a wait?
     for state, age_s in zip(replicas, ages if ages is not None else [s.age_s for s in replicas], strict=True):
         reason = exclusion(state, newcomer)
         if reason is not None:
             excluded[state.replica_id] = reason
+            if reason == NO_SLOT and tier(state, config, age_s) == 0:
+                full.append(state)
             continue
         t = tier(state, config, age_s)
         candidates.append(Candidate(state, t, predict(state, newcomer, inflow, waited_s) if t < 2 else None))
@@ -386,6 +406,14 @@ def decide(
         return _shed(replicas, newcomer, config, reason, excluded, inflow)
     order = sorted(candidates, key=lambda c: _rank_key(c, config.ample_slack))
     chosen = _break_tie(order, config, rng)
+    if config.wait_gain < math.inf and full:
+        better = better_soon(full, newcomer, _score(chosen, config.ample_slack), config, inflow, waited_s)
+        if better is not None:
+            rid, wait = better
+            reason = (
+                f"replica {rid} is predicted to free a slot in {wait:.3f} s with more slack than any has now"
+            )
+            return Decision("wait", (), reason, candidates=tuple(order), excluded=excluded)
     ranking = (chosen.state.replica_id, *(c.state.replica_id for c in order if c is not chosen))
     reason = "meets the SLA" if chosen.feasible else "best slack; no replica meets the SLA"
     return Decision("route", ranking, reason, candidates=tuple(order), excluded=excluded)
@@ -410,6 +438,39 @@ def slot_soon(
         if budget > 0 and time_until_room(state, newcomer, inflow, budget) <= budget:
             return True
     return False
+
+
+def better_soon(
+    full: Sequence[ReplicaState],
+    newcomer: Newcomer,
+    score_now: float,
+    config: PolicyConfig,
+    inflow: float | None,
+    waited_s: float = 0.0,
+) -> tuple[str, float] | None:
+    """The replica among `full` (each lacking only a free slot) worth waiting for, and the wait: once its
+    first running request finishes it meets the newcomer's SLA with at least `config.wait_gain` more
+    slack than `score_now` (the best replica's with a slot, capped at ample_slack as the ranking caps
+    it). The wait counts in the TTFT slack. None: none is."""
+    best: tuple[float, str, float] | None = None
+    for state in full:
+        wait, after = first_slot(state, newcomer, inflow)
+        if exclusion(after, newcomer) is not None:
+            continue
+        slack = predict(after, newcomer, inflow, waited_s + wait).slack
+        score = min(slack, config.ample_slack)
+        if slack >= 0 and score >= score_now + config.wait_gain and (best is None or score > best[0]):
+            best = (score, state.replica_id, wait)
+    return None if best is None else (best[1], best[2])
+
+
+def first_slot(state: ReplicaState, newcomer: Newcomer, inflow: float | None) -> tuple[float, ReplicaState]:
+    """When `state`'s first running request is predicted to finish (its queued prompts prefilled, then
+    the fewest tokens left at today's TPOT), and the replica as it is then."""
+    left, per_token, drain, pages_each = _draining(state, newcomer, inflow)
+    if not left:
+        return drain, state
+    return max(drain, left[0] * per_token), _freed(state, 1, left, pages_each)
 
 
 def inflow_rate(replicas: Sequence[ReplicaState]) -> float:
@@ -486,6 +547,29 @@ def time_until_room(
     """Seconds until `state` could take the newcomer within its SLA: queued prompts prefill, then the
     running requests finish in order of their tokens left at today's TPOT. inf: not even when idle, or
     not sooner than `within` (the waits only grow as more requests finish, so the scan stops there)."""
+    left, per_token, drain, pages_each = _draining(state, newcomer, inflow_rate)
+    # The newcomer's own prompt, less its cached prefix, as predict() counts it: its TTFT is checked first
+    # (a long prompt misses it until most requests have finished, and then the rest need no prediction).
+    prompt = max(1, newcomer.prompt_tokens - cached_tokens(state, newcomer))
+    target = newcomer.sla.ttft_s
+    for finished in range(state.load + 1):
+        wait = max(drain, left[finished - 1] * per_token) if finished else drain
+        if wait >= within:
+            return math.inf
+        after = _freed(state, finished, left, pages_each)
+        if exclusion(after, newcomer) is not None or (target - ttft(after, prompt)) / target < 0:
+            continue
+        if predict(after, newcomer, inflow_rate).slack >= 0:
+            return wait
+    return math.inf
+
+
+def _draining(
+    state: ReplicaState, newcomer: Newcomer, inflow_rate: float | None
+) -> tuple[list[int], float, float, float]:
+    """How `state` drains: its requests' tokens left, ascending (the newcomer's max_tokens for those it
+    does not report); seconds per token at today's batch; seconds to prefill its queued prompts; KV
+    pages each request holds on average."""
     speed = state.speed
     assert speed is not None
     batch = max(state.load, 1)
@@ -497,33 +581,26 @@ def time_until_room(
         0, state.load - len(state.remaining_tokens)
     )
     left.sort()
-    # The newcomer's own prompt, less its cached prefix, as predict() counts it: its TTFT is checked first
-    # (a long prompt misses it until most requests have finished, and then the rest need no prediction).
-    prompt = max(1, newcomer.prompt_tokens - cached_tokens(state, newcomer))
-    target = newcomer.sla.ttft_s
-    for finished in range(state.load + 1):
-        wait = max(drain, left[finished - 1] * per_token) if finished else drain
-        if wait >= within:
-            return math.inf
-        after = ReplicaState(
-            state.replica_id,
-            speed,
-            state.load - finished,
-            0,
-            0,
-            state.free_pages + round(finished * pages_each),
-            state.total_pages,
-            state.page_size,
-            state.max_num_seqs,
-            state.running_slas,
-            tuple(left[finished:]),
-            state.age_s,
-            state.healthy,
-            state.prefill_rate,
-            state.cached_prefix,
-        )
-        if exclusion(after, newcomer) is not None or (target - ttft(after, prompt)) / target < 0:
-            continue
-        if predict(after, newcomer, inflow_rate).slack >= 0:
-            return wait
-    return math.inf
+    return left, per_token, drain, pages_each
+
+
+def _freed(state: ReplicaState, finished: int, left: Sequence[int], pages_each: float) -> ReplicaState:
+    """`state` once its `finished` requests with the fewest tokens `left` are done and its queue
+    prefilled: their slots and pages free, the rest running."""
+    return ReplicaState(
+        state.replica_id,
+        state.speed,
+        state.load - finished,
+        0,
+        0,
+        state.free_pages + round(finished * pages_each),
+        state.total_pages,
+        state.page_size,
+        state.max_num_seqs,
+        state.running_slas,
+        tuple(left[finished:]),
+        state.age_s,
+        state.healthy,
+        state.prefill_rate,
+        state.cached_prefix,
+    )

@@ -17,6 +17,7 @@ from router.policy import (
     cached_tokens,
     decide,
     exclusion,
+    first_slot,
     inflow_rate,
     predict,
     resident_backlog,
@@ -422,6 +423,43 @@ def test_replicas_of_different_sizes_fill_in_proportion_to_their_slots():
     assert {decide(states, request(), CONFIG, random.Random(seed)).ranking[0] for seed in range(10)} == {
         "big"
     }
+
+
+def test_a_tight_class_waits_for_a_small_batch_soon_rather_than_a_large_one_now():
+    # The big replica has room at a batch of 7; the small one is full, its first request 3 tokens from
+    # done. TTFT is loose and TPOT tight: the small batch in a few ms beats the big batch now.
+    big = replica("big", FAST, max_num_seqs=8, running=6, remaining_tokens=(40,) * 6)
+    small = replica("small", FAST, max_num_seqs=2, running=2, remaining_tokens=(3, 30))
+    tight = Sla("interactive", ttft_s=2.0, tpot_s=0.0061, may_shed=True)
+    now_big = predict(big, request(tight))
+    assert now_big.slack == pytest.approx((0.0061 - tpot(FAST, 7)) / 0.0061)  # 0.25: feasible
+    wait_s, freed = first_slot(small, request(tight), None)
+    assert wait_s == pytest.approx(3 * tpot(FAST, 2)) and freed.load == 1 and freed.remaining_tokens == (30,)
+    later = predict(freed, request(tight), waited_s=wait_s)
+    assert later.slack >= CONFIG.ample_slack  # a batch of 2: half the target to spare
+
+    def action(config: PolicyConfig, *states: ReplicaState, newcomer: Newcomer | None = None) -> str:
+        decision = decide(list(states), newcomer or request(tight), config, random.Random(0))
+        return decision.ranking[0] if decision.action == "route" else decision.action
+
+    # With the rule off (wait_gain inf) it goes where there is room now.
+    assert action(replace(CONFIG, wait_gain=math.inf), big, small) == "big"
+    waits = CONFIG  # the default gain, 0.1
+    assert waits.wait_gain == 0.1
+    decision = decide([big, small], request(tight), waits, random.Random(0))
+    assert decision.action == "wait" and "replica small" in decision.reason
+    assert decision.excluded == {"small": "no free sequence slot"}
+    # Not worth it: the gain asked for exceeds the 0.25 on offer.
+    assert action(replace(CONFIG, wait_gain=0.3), big, small) == "big"
+    # The slot frees too late: 600 tokens at a batch of 2 eat the TTFT slack the wait would win.
+    assert action(waits, big, replace(small, remaining_tokens=(600, 700))) == "big"
+    # A loose class has ample slack on the big replica now: a wait gains it nothing.
+    assert action(waits, big, small, newcomer=request()) == "big"
+    # A full replica whose signals are stale is not waited for (its slot may be taken already).
+    stale = decide([big, small], request(tight), waits, random.Random(0), ages=[0.0, 5.0])
+    assert stale.action == "route" and stale.ranking[0] == "big"
+    with pytest.raises(ValueError, match="wait_gain"):
+        PolicyConfig(wait_gain=-0.1)
 
 
 # A prompt's leading pages by name (the ingress hashes them: dspark.prefix_cache.route_hashes).

@@ -9,6 +9,7 @@ test checkpoint under the name "target", the name the demo stack and the README'
 from __future__ import annotations
 
 import os
+import random
 import socket
 import threading
 import time
@@ -46,10 +47,25 @@ class Stack:
 _state: dict = {"users": 0, "stack": None}
 
 
+# Ports for the tests' servers: above Ray's worker ports (10002-19999 by default) and below the kernel's
+# ephemeral range (32768+ on Linux). A port the kernel hands out for port 0 is ephemeral, and any
+# process's next outgoing connection or bind(0) may take it before the test's server binds it (a
+# telemetry test met that in CI); ports here are only ever taken by an explicit bind.
+TEST_PORTS = (20000, 32000)
+_pick = random.SystemRandom()  # not the seeded `random`: two test runs at once must not pick alike
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port on which nothing listens now, from TEST_PORTS."""
+    for _ in range(1000):
+        port = _pick.randint(*TEST_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {TEST_PORTS}")
 
 
 def wait_until(predicate, timeout_s: float = 60.0, interval_s: float = 0.1, what: str = "condition"):

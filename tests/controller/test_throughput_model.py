@@ -29,6 +29,19 @@ def test_the_step_time_starts_at_the_table_and_extends_along_its_last_slope():
     assert slower.step_time(150) == pytest.approx(2 * curve.step_time(150))
 
 
+def test_one_table_and_slowdown_give_one_curve_built_once():
+    # Every period asks for every replica's curve; replicas of one kind publish one table.
+    curve = model.SpsCurve.of(JAGGED, slowdown=1.3)
+    assert model.SpsCurve.of([list(p) for p in JAGGED], slowdown=1.3) is curve  # the stats' list form
+    assert model.SpsCurve.of(JAGGED, slowdown=1.2) is not curve
+    fresh = model.SpsCurve([b for b, _ in JAGGED], [r for _, r in JAGGED], 1.3)
+    assert fresh.knots == curve.knots and fresh.last_slope == curve.last_slope
+    with pytest.raises(ValueError, match="ascending"):  # a bad table is refused every time, not remembered
+        model.SpsCurve.of(((2, 50.0), (1, 40.0)))
+    with pytest.raises(ValueError, match="ascending"):
+        model.SpsCurve.of(((2, 50.0), (1, 40.0)))
+
+
 def test_a_dent_or_a_superlinear_segment_is_bridged_from_below():
     dented = model.SpsCurve.of(((1, 50.0), (100, 25.0), (200, 20.0)))  # 100 sits above the chord 1 .. 200
     assert dented.step_time(100) < 1 / 25.0

@@ -406,8 +406,11 @@ def decide(
         return _shed(replicas, newcomer, config, reason, excluded, inflow)
     order = sorted(candidates, key=lambda c: _rank_key(c, config.ample_slack))
     chosen = _break_tie(order, config, rng)
-    if config.wait_gain < math.inf and full:
-        better = better_soon(full, newcomer, _score(chosen, config.ample_slack), config, inflow, waited_s)
+    score_now = _score(chosen, config.ample_slack)
+    # A wait can win only if the chosen replica leaves wait_gain below ample_slack (slack counts up to it):
+    # most decisions (a loose class, any request with ample slack now, wait_gain inf) predict no wait.
+    if full and score_now + config.wait_gain <= config.ample_slack:
+        better = better_soon(full, newcomer, score_now, config, inflow, waited_s)
         if better is not None:
             rid, wait = better
             reason = (

@@ -1,7 +1,7 @@
 """The drafter half of `make models`: regenerate training data with the target, train every drafter
 in one pass over the target's states, calibrate the DSpark confidences, save the checkpoints.
 
-Shapes are chosen for the demo target (hidden 384, 5 layers) and the build budget of 2 CPU cores.
+Shapes follow the demo target (hidden 256, 4 layers) and the build budget of 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def drafter_configs(target_dir: Path, mask_token_id: int) -> dict[str, DrafterCo
         "dflash": DrafterConfig.for_target(t, "dflash", **block),
         "dspark_r0": DrafterConfig.for_target(t, "dspark", markov_rank=0, **dspark),
         "eagle3": DrafterConfig.for_target(
-            t, "eagle3", target_layer_ids=sorted({0, layers // 2, layers - 2}), ttt_length=GAMMA
+            t, "eagle3", target_layer_ids=sorted({0, (layers - 1) // 2, layers - 2}), ttt_length=GAMMA
         ),
         "mtp1": DrafterConfig.for_target(t, "mtp1", target_layer_ids=[layers - 1], ttt_length=1),
     }

@@ -2,8 +2,9 @@
 
 Plain decoding (no drafter: the target's own distribution) from held-out prompts of each domain, greedy
 and at temperature 1; a continuation loops when its last 32 tokens repeat with a period of at most 8
-(drafter_service/demo/quality.py). Each share comes with its 95% Wilson interval, and the report shows
-the first continuations as a user of `make demo` would read them.
+(a short loop), and, counted apart, when its last 48 repeat with a period of at most 24 (a loop up to a
+sentence long; drafter_service/demo/quality.py). Each share comes with its 95% Wilson interval, and the
+report shows the first continuations as a user of `make demo` would read them.
 
     python bench/demo_quality.py --models models
 """
@@ -18,7 +19,14 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from drafter_service.demo import corpus
-from drafter_service.demo.quality import LOOP_TAIL, MAX_PERIOD, loop_period, wilson_interval
+from drafter_service.demo.quality import (
+    LONG_LOOP_TAIL,
+    LONG_MAX_PERIOD,
+    LOOP_TAIL,
+    MAX_PERIOD,
+    loop_period,
+    wilson_interval,
+)
 from dspark import LLM, SamplingParams
 
 RESULTS = Path(__file__).parent / "results"
@@ -32,12 +40,19 @@ def measure(llm: LLM, prompts: list[str], temperature: float, new_tokens: int) -
     periods = [loop_period(o.token_ids) for o in outputs]
     looping = sum(p is not None for p in periods)
     low, high = wilson_interval(looping, len(outputs))
+    long_periods = [loop_period(o.token_ids, LONG_LOOP_TAIL, LONG_MAX_PERIOD) for o in outputs]
+    long_looping = sum(p is not None for p in long_periods)
+    long_low, long_high = wilson_interval(long_looping, len(outputs))
     return {
         "continuations": len(outputs),
         "looping": looping,
         "loop_share": round(looping / len(outputs), 4),
         "loop_share_95": [round(low, 4), round(high, 4)],
         "periods": {str(p): periods.count(p) for p in sorted({p for p in periods if p is not None})},
+        # Loops of up to a sentence (short ones included): what a reader sees as repetition.
+        "long_looping": long_looping,
+        "long_loop_share": round(long_looping / len(outputs), 4),
+        "long_loop_share_95": [round(long_low, 4), round(long_high, 4)],
         "stopped_early": sum(o.finish_reason == "stop" for o in outputs),
         "examples": [{"prompt": p[-160:], "continuation": o.text} for p, o in zip(prompts, outputs)][:SHOWN],
     }
@@ -50,17 +65,23 @@ def table(result: dict) -> str:
         "",
         f"`{result['command']}`: plain decoding of {settings['new_tokens']} tokens from "
         f"{settings['prompts']} held-out prompts per domain of {settings['prompt_tokens']} tokens; "
-        f"a continuation loops when its last {LOOP_TAIL} tokens repeat with a period <= {MAX_PERIOD}.",
+        f"a continuation loops when its last {LOOP_TAIL} tokens repeat with a period <= {MAX_PERIOD} "
+        f"(a short loop), or its last {LONG_LOOP_TAIL} with a period <= {LONG_MAX_PERIOD} (a loop up to "
+        "a sentence long: a short one counts there too once it fills those tokens).",
         "",
-        "| domain | T | looping | share (95% interval) | periods | stopped at EOS |",
-        "|---|---|---|---|---|---|",
+        "| domain | T | short loops | share (95% interval) | periods | loops up to a sentence | share "
+        "(95% interval) | stopped at EOS |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for domain, by_t in result["domains"].items():
         for t, row in by_t.items():
             low, high = row["loop_share_95"]
+            long_low, long_high = row["long_loop_share_95"]
             lines.append(
                 f"| {domain} | {t} | {row['looping']}/{row['continuations']} | {row['loop_share']:.0%} "
-                f"({low:.0%}-{high:.0%}) | {row['periods'] or '-'} | {row['stopped_early']} |"
+                f"({low:.0%}-{high:.0%}) | {row['periods'] or '-'} | "
+                f"{row['long_looping']}/{row['continuations']} | {row['long_loop_share']:.0%} "
+                f"({long_low:.0%}-{long_high:.0%}) | {row['stopped_early']} |"
             )
     lines += ["", "Greedy continuations, as a user would read them:", ""]
     for domain, by_t in result["domains"].items():
@@ -99,7 +120,10 @@ def main(argv: list[str] | None = None) -> int:
             "new_tokens": args.new_tokens,
         },
         "domains": domains,
-        "summary": {f"loop_share_{d}_t0": domains[d]["0.0"]["loop_share"] for d in domains},
+        "summary": {
+            **{f"loop_share_{d}_t0": domains[d]["0.0"]["loop_share"] for d in domains},
+            **{f"long_loop_share_{d}_t0": domains[d]["0.0"]["long_loop_share"] for d in domains},
+        },
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

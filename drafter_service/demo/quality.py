@@ -14,6 +14,10 @@ from collections.abc import Sequence
 
 LOOP_TAIL = 32  # tokens at the end of a continuation that must repeat
 MAX_PERIOD = 8  # tokens: the longest cycle counted as a short loop (>= 5 repeats within the tail + 1 cycle)
+# A sentence-long loop ("The class is a list of the file object.\n\n" over and over): a cycle of up to 24
+# tokens filling the last 48 (>= 3 repeats). A better target trades short loops for these, so both count.
+LONG_LOOP_TAIL = 48
+LONG_MAX_PERIOD = 24
 
 
 def loop_period(tokens: Sequence[int], tail: int = LOOP_TAIL, max_period: int = MAX_PERIOD) -> int | None:

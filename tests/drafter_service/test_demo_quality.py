@@ -8,7 +8,7 @@ import json
 import pytest
 
 from bench.demo_quality import main
-from drafter_service.demo.quality import loop_period, wilson_interval
+from drafter_service.demo.quality import LONG_LOOP_TAIL, LONG_MAX_PERIOD, loop_period, wilson_interval
 
 
 def test_a_tail_that_repeats_with_a_short_period_is_a_loop():
@@ -30,6 +30,17 @@ def test_text_that_does_not_cycle_at_the_end_is_not_a_loop():
 def test_the_tail_and_period_bounds_are_parameters():
     assert loop_period([1, 2, 3] * 4, tail=6, max_period=3) == 3
     assert loop_period([1, 2, 3] * 4, tail=6, max_period=2) is None
+
+
+def test_a_sentence_long_loop_is_not_short_but_counts_as_a_loop_up_to_a_sentence():
+    sentence = list(range(100, 111))  # 11 tokens: "The class is a list of the file object.\n\n"
+    text = list(range(30)) + sentence * 8
+    assert loop_period(text) is None
+    assert loop_period(text, LONG_LOOP_TAIL, LONG_MAX_PERIOD) == 11
+    # A sentence alternating with a variant of itself (one token shorter) is one cycle of 21.
+    variants = list(range(30)) + (sentence + sentence[:-1]) * 4
+    assert loop_period(variants, LONG_LOOP_TAIL, LONG_MAX_PERIOD) == 21
+    assert loop_period(list(range(30)) + list(range(200, 260)), LONG_LOOP_TAIL, LONG_MAX_PERIOD) is None
 
 
 def test_wilson_interval():
@@ -57,7 +68,15 @@ def test_the_bench_writes_shares_with_intervals_for_each_domain_and_temperature(
             low, high = row["loop_share_95"]
             assert low <= row["loop_share"] <= high
             assert sum(row["periods"].values()) == row["looping"]
-    assert set(result["summary"]) == {"loop_share_code_t0", "loop_share_prose_t0"}
+            assert 0 <= row["long_looping"] <= 3
+            low, high = row["long_loop_share_95"]
+            assert low <= row["long_loop_share"] <= high
+    assert set(result["summary"]) == {
+        "loop_share_code_t0",
+        "loop_share_prose_t0",
+        "long_loop_share_code_t0",
+        "long_loop_share_prose_t0",
+    }
     assert "| code | 0.0 |" in (tmp_path / "demo_quality.md").read_text()
 
 

@@ -49,7 +49,7 @@ def measure(llm: LLM, prompts: list[str], temperature: float, new_tokens: int) -
         "loop_share": round(looping / len(outputs), 4),
         "loop_share_95": [round(low, 4), round(high, 4)],
         "periods": {str(p): periods.count(p) for p in sorted({p for p in periods if p is not None})},
-        # Loops of up to a sentence (short ones included): what a reader sees as repetition.
+        # Loops up to a sentence long (a short one too, once it fills the tail): what a reader sees.
         "long_looping": long_looping,
         "long_loop_share": round(long_looping / len(outputs), 4),
         "long_loop_share_95": [round(long_low, 4), round(long_high, 4)],

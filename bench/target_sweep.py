@@ -4,9 +4,10 @@
 budget a model sees a million or two tokens, far fewer than its parameters want, so a smaller model that
 sees more tokens may end lower than a larger one that sees fewer. Each candidate here is the demo
 target's own training (drafter_service/demo/target.py train_target) at a step count that fills the same
-time at its measured speed; the report gives each one's held-out perplexity per domain, the share of its
-greedy held-out continuations that fall into a short loop (bench/demo_quality.py's measure, fewer
-prompts), its tokens and its wall time, with the loss curves plotted.
+time at its measured speed; the report gives each one's held-out perplexity per domain, the shares of its
+greedy held-out continuations that fall into a short loop and into a loop up to a sentence long
+(bench/demo_quality.py's measure, fewer prompts), its tokens and its wall time, with the loss curves
+plotted.
 
     python bench/target_sweep.py [--only NAME ...] [--out bench/results]
 
@@ -31,6 +32,7 @@ import torch
 from drafter_service.demo import corpus
 from drafter_service.demo.target import TargetShape, TrainConfig, train_target
 from drafter_service.demo.tokenizer import train_tokenizer
+from dspark import LLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 from bench.demo_quality import measure  # noqa: E402
@@ -65,8 +67,6 @@ CANDIDATES = (
 
 
 def run_candidate(c: Candidate, tokenizer, train_texts, heldout, prompts, new_tokens: int) -> dict:
-    from dspark import LLM, SamplingParams  # noqa: F401  (the engine, imported after torch threads are set)
-
     cfg = replace(TrainConfig(), steps=c.steps, lr=c.lr)
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()

@@ -34,25 +34,27 @@ TEMPERATURES = (0.0, 1.0)
 SHOWN = 2  # continuations per domain quoted in the report
 
 
+def _loops(periods: list[int | None], prefix: str) -> dict:
+    """How many continuations loop (a period found), their share and its 95% interval."""
+    looping = sum(p is not None for p in periods)
+    low, high = wilson_interval(looping, len(periods))
+    return {
+        f"{prefix}looping": looping,
+        f"{prefix}loop_share": round(looping / len(periods), 4),
+        f"{prefix}loop_share_95": [round(low, 4), round(high, 4)],
+    }
+
+
 def measure(llm: LLM, prompts: list[str], temperature: float, new_tokens: int) -> dict:
     params = SamplingParams(temperature=temperature, max_tokens=new_tokens, seed=1)
     outputs = llm.generate(prompts, params)
     periods = [loop_period(o.token_ids) for o in outputs]
-    looping = sum(p is not None for p in periods)
-    low, high = wilson_interval(looping, len(outputs))
-    long_periods = [loop_period(o.token_ids, LONG_LOOP_TAIL, LONG_MAX_PERIOD) for o in outputs]
-    long_looping = sum(p is not None for p in long_periods)
-    long_low, long_high = wilson_interval(long_looping, len(outputs))
     return {
         "continuations": len(outputs),
-        "looping": looping,
-        "loop_share": round(looping / len(outputs), 4),
-        "loop_share_95": [round(low, 4), round(high, 4)],
+        **_loops(periods, ""),
         "periods": {str(p): periods.count(p) for p in sorted({p for p in periods if p is not None})},
         # Loops up to a sentence long (a short one too, once it fills the tail): what a reader sees.
-        "long_looping": long_looping,
-        "long_loop_share": round(long_looping / len(outputs), 4),
-        "long_loop_share_95": [round(long_low, 4), round(long_high, 4)],
+        **_loops([loop_period(o.token_ids, LONG_LOOP_TAIL, LONG_MAX_PERIOD) for o in outputs], "long_"),
         "stopped_early": sum(o.finish_reason == "stop" for o in outputs),
         "examples": [{"prompt": p[-160:], "continuation": o.text} for p, o in zip(prompts, outputs)][:SHOWN],
     }
@@ -73,15 +75,19 @@ def table(result: dict) -> str:
         "(95% interval) | stopped at EOS |",
         "|---|---|---|---|---|---|---|---|",
     ]
+
+    def cells(row: dict, prefix: str) -> str:  # "looping/continuations | share (low-high)"
+        low, high = row[f"{prefix}loop_share_95"]
+        return (
+            f"{row[f'{prefix}looping']}/{row['continuations']} | {row[f'{prefix}loop_share']:.0%} "
+            f"({low:.0%}-{high:.0%})"
+        )
+
     for domain, by_t in result["domains"].items():
         for t, row in by_t.items():
-            low, high = row["loop_share_95"]
-            long_low, long_high = row["long_loop_share_95"]
             lines.append(
-                f"| {domain} | {t} | {row['looping']}/{row['continuations']} | {row['loop_share']:.0%} "
-                f"({low:.0%}-{high:.0%}) | {row['periods'] or '-'} | "
-                f"{row['long_looping']}/{row['continuations']} | {row['long_loop_share']:.0%} "
-                f"({long_low:.0%}-{long_high:.0%}) | {row['stopped_early']} |"
+                f"| {domain} | {t} | {cells(row, '')} | {row['periods'] or '-'} | {cells(row, 'long_')} "
+                f"| {row['stopped_early']} |"
             )
     lines += ["", "Greedy continuations, as a user would read them:", ""]
     for domain, by_t in result["domains"].items():

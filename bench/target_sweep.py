@@ -122,7 +122,8 @@ def plot(results: dict, path: Path) -> None:
     for name, r in results["candidates"].items():
         losses, n = r["losses"], len(r["losses"])
         smooth = [sum(losses[max(0, i + 1 - window) : i + 1]) / min(window, i + 1) for i in range(n)]
-        tokens = [(i + 1) * 4 * 512 / 1e6 for i in range(n)]
+        per_step = r["tokens_trained"] / r["steps"]
+        tokens = [(i + 1) * per_step / 1e6 for i in range(n)]
         ax.plot(tokens, smooth, label=f"{name} ({r['parameters'] / 1e6:.1f}M)", linewidth=1.2)
     ax.set_xlabel("tokens trained (M)")
     ax.set_ylabel(f"training loss (mean of the last {window} steps)")

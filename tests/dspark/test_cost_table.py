@@ -56,15 +56,32 @@ def test_online_refresh_heals_a_drifted_table():
 
 def test_lookups_read_the_fitted_arrays_as_python_floats_before_and_after_observations():
     # SPS(B) and its convex envelope are read from Python lists kept beside the fitted arrays (faster to
-    # index); they must carry the arrays' exact values, refitted with every observation.
+    # index); they must carry the arrays' exact values, refitted every `refit_every` observations.
     table = CostTable([1, 4, 32, 128], [90.0, 95.0, 60.0, 20.0], max_tokens=200)
     for _ in range(2):
         got = [(table(b), table.convex(b)) for b in range(-1, 205)]
         clamp = [min(max(b, 1), 200) - 1 for b in range(-1, 205)]
         assert got == [(float(table._dense[k]), float(table._convex[k])) for k in clamp]
         assert all(type(a) is float and type(c) is float for a, c in got)
-        table.observe(50, 0.05, weight=0.5)  # the table heals: both lookups follow the refit
-    assert table.observations == 2 and table(50) != got[51][0]
+        for _ in range(table.refit_every):  # the table heals: both lookups follow the refit
+            table.observe(50, 0.05, weight=0.5)
+    assert table.observations == 2 * table.refit_every and table(50) != got[51][0]
+
+
+def test_observations_reach_the_lookups_at_the_next_refit_and_the_saved_fit_at_once():
+    # A refit costs more than a small target's step can spare, so observations are folded into the
+    # rates at once but into the lookups every `refit_every` of them; to_dict reports them all.
+    table = CostTable([1, 8, 16], [100.0, 80.0, 50.0], max_tokens=16)
+    before = [table(b) for b in range(1, 17)]
+    for _ in range(table.refit_every - 1):
+        table.observe(8, 1 / 60, weight=0.5)
+    assert [table(b) for b in range(1, 17)] == before and table.rates[1] < 80.0
+    saved = table.to_dict()
+    assert saved["smoothed"][1] == round(table.rates[1], 6) and table(8) == pytest.approx(table.rates[1])
+    fresh = CostTable([1, 8, 16], [100.0, 80.0, 50.0], max_tokens=16)
+    for _ in range(fresh.refit_every):
+        fresh.observe(8, 1 / 60, weight=0.5)
+    assert fresh(8) == pytest.approx(fresh.rates[1]) and fresh(8) < 80.0
 
 
 def small_config(model_dir, cache_dir, **overrides) -> EngineConfig:

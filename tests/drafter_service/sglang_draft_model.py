@@ -17,13 +17,13 @@ instead. Rotary embeddings hold no weights, so nothing loaded depends on it.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for sglang_cpu
+from serving import free_port  # noqa: E402  (a port outside the kernel's ephemeral range: no race)
 from sglang_cpu import install_torchvision_stand_in  # noqa: E402
 
 
@@ -47,9 +47,7 @@ def main(target: str, pairs: list[tuple[str, str]]) -> None:
         server_args.resolve_once()
         publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=0))
         if not initialised:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
+            port = free_port()
             parallel_state.init_distributed_environment(
                 world_size=1, rank=0, local_rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}",
                 backend="gloo",

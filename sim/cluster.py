@@ -123,7 +123,11 @@ class Cluster:
         self._visible: dict[str, dict] = {}
         self._recent: dict[str, RecentRounds] = {}
         self._forwards: dict[str, RecentForwards] = {}
-        self._epoch: dict[str, int] = {}
+        self._dead: set[str] = set()
+        # Steps in flight on a host, by replica, and the token of each one's current end event: its end
+        # moves whenever another step on its host starts or ends (sim/host.py).
+        self._running: dict[str, tuple[SimReplica, Plan]] = {}
+        self._end_token: dict[str, int] = {}
         self.waiting: deque[Request] = deque()
         # Free sequence slots over the live fleet: whether a waiting request could go anywhere, in O(1).
         self.free_slots = sum(r.max_ongoing for r in self.replicas)
@@ -263,18 +267,31 @@ class Cluster:
             if s.req.scheduled is None:  # its first prompt chunk
                 s.req.scheduled = self.q.now
         host = self._host_of.get(replica.replica_id)
-        if host is not None:
-            host.stepping += 1
-            plan.stretch = host.stretch(self.q.now)
-            plan.seconds *= plan.stretch
-        self.q.after(plan.seconds, self._end_step, replica, plan, self._epoch.get(replica.replica_id, 0))
+        if host is None:
+            self.q.after(plan.seconds, self._end_step, replica, plan)
+            return
+        plan.started = self.q.now
+        self._running[replica.replica_id] = (replica, plan)
+        self._reschedule(host.start(self.q.now, replica.replica_id, plan.seconds))
 
-    def _end_step(self, replica: SimReplica, plan: Plan, epoch: int) -> None:
-        if not replica.alive or epoch != self._epoch.get(replica.replica_id, 0):
-            return  # it died during the step (_fail took the step off its host)
-        host = self._host_of.get(replica.replica_id)
+    def _reschedule(self, ends: dict[str, float]) -> None:
+        """The steps in flight on a host end at these times now (sim/host.py): earlier end events go stale."""
+        for rid, end in ends.items():
+            replica, plan = self._running[rid]
+            self._end_token[rid] = token = self._end_token.get(rid, 0) + 1
+            self.q.at(end, self._end_step, replica, plan, token)
+
+    def _end_step(self, replica: SimReplica, plan: Plan, token: int = 0) -> None:
+        rid = replica.replica_id
+        if not replica.alive or token != self._end_token.get(rid, 0):
+            return  # it died during the step (_fail took it off its host), or its end moved
+        host = self._host_of.get(rid)
         if host is not None:
-            host.stepping -= 1
+            del self._running[rid]
+            alone = plan.seconds
+            plan.seconds = self.q.now - plan.started
+            plan.stretch = plan.seconds / alone if alone > 0 else 1.0
+            self._reschedule(host.finish(self.q.now, rid))
         tokens = replica.counters.generated_tokens
         first, done = replica.complete(plan, self.q.now)
         if host is not None:
@@ -306,7 +323,7 @@ class Cluster:
         self.q.after(self.config.stats_period_s, self._publish, replica)
 
     def _deliver(self, replica_id: str, stats: dict) -> None:
-        if replica_id in self._epoch and self._epoch[replica_id] < 0:
+        if replica_id in self._dead:
             return  # the replica died meanwhile
         self._visible[replica_id] = stats
 
@@ -317,10 +334,10 @@ class Cluster:
         replica = alive[f.replica % len(alive)]
         self.free_slots -= replica.max_ongoing - len(replica.seqs)
         host = self._host_of.get(replica.replica_id)
-        if host is not None and replica.stepping:
-            host.stepping -= 1
+        if host is not None and self._running.pop(replica.replica_id, None) is not None:
+            self._reschedule(host.finish(self.q.now, replica.replica_id))
         replica.fail(self.q.now)
-        self._epoch[replica.replica_id] = -1
+        self._dead.add(replica.replica_id)
         self._visible.pop(replica.replica_id, None)
         self.router.forget(replica.replica_id)
         self.retired.append(replica)

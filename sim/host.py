@@ -30,14 +30,18 @@ engines of the one host). A profile that measured the path's way in (`request_pa
 (`path_parts`): the way in stretches at the host's contention when the request arrives, the way back
 (the first token to the client) at the contention when the engine produced that token.
 
-The stretch is fixed when a step starts (a fluid approximation: a step that starts alone keeps its speed
-when another starts during it). GPU profiles have no host block: there the step runs on the accelerator
-and the serving path on the node's CPUs (the profile states it).
+The engines' steps share the cores as processes do (processor sharing): a step's work is its time alone,
+and whenever a step on the host starts or ends, every step in flight there goes on at the stretch of the
+new mix (`start`, `finish`), so a step that started alone slows down when another starts beside it. The
+serving path's load is read at those moments too (it moves slowly: a decayed window of `window_s`).
+GPU profiles have no host block: there the step runs on the accelerator and the serving path on the
+node's CPUs (the profile states it).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 
@@ -71,13 +75,43 @@ class HostCost:
 class Host:
     """One host's cores: the engines stepping on it and the serving path's recent CPU rate."""
 
-    __slots__ = ("cost", "stepping", "_work", "_at")
+    __slots__ = ("cost", "stepping", "_work", "_at", "_left", "_since", "_stretch")
 
     def __init__(self, cost: HostCost) -> None:
         self.cost = cost
         self.stepping = 0
         self._work = 0.0  # serving-path CPU seconds, exponentially decayed to time _at
         self._at = 0.0
+        self._left: dict[Hashable, float] = {}  # each step in flight: its work left, in seconds alone
+        self._since = 0.0  # when the steps in flight last changed
+        self._stretch = 1.0  # ... and the stretch they have run at since
+
+    def start(self, now: float, key: Hashable, alone_s: float) -> dict[Hashable, float]:
+        """A step taking `alone_s` alone on a core starts now; returns when each step in flight ends."""
+        self._advance(now)
+        self._left[key] = alone_s
+        self.stepping += 1
+        return self._ends(now)
+
+    def finish(self, now: float, key: Hashable) -> dict[Hashable, float]:
+        """The step `key` ended (or its engine died): returns when each other step in flight ends."""
+        self._advance(now)
+        if self._left.pop(key, None) is not None:
+            self.stepping -= 1
+        return self._ends(now)
+
+    def _advance(self, now: float) -> None:
+        """Take the work done since the last change, at the stretch it ran at, off every step in flight."""
+        done = (now - self._since) / self._stretch
+        for key, left in self._left.items():
+            self._left[key] = max(0.0, left - done)
+        self._since = now
+
+    def _ends(self, now: float) -> dict[Hashable, float]:
+        if not self._left:
+            return {}
+        self._stretch = self.stretch(now)
+        return {key: now + left * self._stretch for key, left in self._left.items()}
 
     def _decayed(self, now: float) -> float:
         return self._work * math.exp(-(now - self._at) / self.cost.window_s) if now > self._at else self._work

@@ -65,7 +65,8 @@ class Plan:
     draft_seconds: float
     forward_seconds: float
     seconds: float
-    stretch: float = 1.0  # how much longer than alone it runs on its host (sim/host.py), set as it starts
+    stretch: float = 1.0  # how much longer than alone it ran on its host (sim/host.py), set as it ends
+    started: float = 0.0  # when it started (on a host, `seconds` is its time alone until it ends)
 
 
 @dataclass

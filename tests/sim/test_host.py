@@ -64,6 +64,43 @@ def test_the_serving_paths_load_stretches_steps_by_demand_over_cores():
     assert tpot(shared) == pytest.approx(2 * tpot(alone), rel=1e-12)
 
 
+def test_steps_share_the_cores_as_processes_do_a_step_started_alone_slows_when_another_starts():
+    """Processor sharing: each change of the steps in flight re-times every one of them at the new mix."""
+    host = Host(HostCost(cores=1, replicas=2))  # one engine stepping runs as alone, two at half speed
+    assert host.start(0.0, "a", 1.0) == {"a": 1.0}
+    # Half of a's work is done when b starts: both then run at half speed.
+    assert host.start(0.5, "b", 1.0) == pytest.approx({"a": 1.5, "b": 2.5}, rel=1e-12)
+    assert host.stepping == 2
+    # When a ends, b has done half its work at half speed: the rest runs alone.
+    assert host.finish(1.5, "a") == pytest.approx({"b": 2.0}, rel=1e-12)
+    assert host.finish(2.0, "b") == {} and host.stepping == 0
+    assert host.finish(2.0, "b") == {} and host.stepping == 0  # a step ended twice counts once
+
+
+def test_in_the_cluster_a_step_that_started_alone_ends_later_when_another_engine_steps_beside_it():
+    """Two requests on the two replicas of a one-core host, the second arriving while the first's prefill
+    runs: the first's TTFT is longer than alone, by less than twice, and both finish as they would
+    in turn on a core each at half speed."""
+    profile = small_profile(host=HostCost(cores=1, replicas=2))
+    reqs = [
+        Request(rid=i, arrival=i * 1e-4, prompt_tokens=512, max_tokens=2, sla_class="standard", domain="easy")
+        for i in range(2)
+    ]
+    alone = Request(rid=0, arrival=0.0, prompt_tokens=512, max_tokens=2, sla_class="standard", domain="easy")
+    for requests in ([alone], reqs):
+        config = ClusterConfig(
+            fleet=[Group(profile, 2, "plain", drafting=False)],
+            classes=CLASSES,
+            default_class="standard",
+            router="round_robin",
+        )
+        Cluster(config, requests).run(100.0)
+    ttft_alone = alone.first_token - alone.arrival
+    first = reqs[0].first_token - reqs[0].arrival
+    assert ttft_alone < first < 2 * ttft_alone
+    assert reqs[1].first_token - reqs[1].arrival == pytest.approx(first, rel=1e-2)
+
+
 def test_a_replica_counts_its_steps_time_alone_and_its_forward_tokens_beside_the_engines_counters():
     """The model's view of the steps, set beside a real run's engine counters by bench/sim_validate.py:
     on a host where every step runs twice as long, the time alone is half the step time; the forward

@@ -41,6 +41,7 @@ def host_block(serving: dict, cores: int = 2, replicas: int = 2) -> dict:
         "path_processes": len(PATH_GROUPS) + 1,  # and the replicas' serving threads, counted as one group
         "window_s": 1.0,
         "path_stretches": True,  # the path's CPU stretches with the host's (sim/host.py path_latency)
+        "law": "per_core",  # how the engines share the cores with the path: bench/host_sharing.py measured it
     }
 
 
@@ -222,7 +223,7 @@ def host_check(
     premise alone: the path's CPU stretches as the engines' does). With the idle way in too
     (`request_path_in_s`) and runs that recorded theirs, the way in likewise (its share of the path's CPU,
     sim/host.py path_parts)."""
-    out = {}
+    out, law = {}, host.get("law", "per_core")
     for label in serving.get("engine_sweep", []):
         run = serving["engine_steps"][label]
         if "wall_s" not in run:
@@ -233,7 +234,7 @@ def host_check(
         share = run["step_time_s"] / (host["replicas"] * wall)
 
         def mixed(cores_busy: float, share: float = share) -> float:
-            one, two = (stretch(cores_busy, host["cores"], n, host["path_processes"]) for n in (1, 2))
+            one, two = (stretch(cores_busy, host["cores"], n, host["path_processes"], law) for n in (1, 2))
             return round(share * two + (1 - share) * one, 3)
 
         out[label] = {
@@ -246,7 +247,7 @@ def host_check(
         }
         timed = (serving.get("ttft_split") or {}).get(label)
         if request_path_s is not None and timed:
-            one, two = (stretch(load, host["cores"], n, host["path_processes"]) for n in (1, 2))
+            one, two = (stretch(load, host["cores"], n, host["path_processes"], law) for n in (1, 2))
             path_cpu = HostCost.from_json(host).path_cpu_s
 
             def path_ms(cpu_stretch: float, path_cpu: float = path_cpu) -> float:

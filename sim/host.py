@@ -2,12 +2,24 @@
 
 A profile's step times are one engine measured alone on its core. Served, a host also runs Serve's proxy,
 the ingress, Ray's own processes and (in the validation) the client, and may run several engines on few
-cores. Linux shares the cores max-min fairly among runnable processes (bench/results/serving_cost.json,
-`sharing`). With `stepping` engines of the host stepping (a step counts itself) and the serving path's
-`path_processes` processes keeping `load` cores busy between them: when each of those wants no more than
-an equal share, cores / (stepping + path_processes), it gets all it wants and the engines share what is
-left, each at min(1, (cores - load) / stepping) of a core; otherwise every runnable process gets that
-equal share. A step runs 1 / (its engine's share) times longer than alone.
+cores. With `stepping` engines of the host stepping (a step counts itself) and the serving path's
+`path_processes` processes keeping `load` cores busy between them, an engine's share of a core follows
+one of two laws (`HostCost.law`):
+
+- "per_core" (the default, measured): each engine stepping holds a core, and the serving path's bursts
+  land evenly on every core, the stepping engines' included, so each engine gets 1 - load / cores of its
+  core whether or not the others step; with more engines stepping than cores they share what the path
+  leaves, (cores - load) / stepping each;
+- "fluid" (max-min fair with perfect balancing): the path's bursts go to whichever core is free and the
+  engines share the rest, min(1, (cores - load) / stepping) each, so a step alone runs at full speed.
+
+Under both, when a path process wants more than an equal share, cores / (stepping + path_processes),
+every runnable process gets that equal share. A step runs 1 / (its engine's share) times longer than
+alone. bench/host_sharing.py measures the laws on this machine with stand-in engines and path processes
+of known CPU (bench/results/host_sharing.md): the per-core law within a few per cent of every regime's
+stretch, the fluid one low by 4-8 % (its steps alone are not at full speed: the path's bursts do not all
+find the free core). The per-core law is itself a simplification: steps alone measured between the two.
+
 The serving path's load is its measured CPU per request and per token (bench/serving_cost.py) at the
 host's recent rates (an exponentially decayed window of `window_s`), plus the stack's idle CPU (Ray,
 Serve's stats polling).
@@ -59,6 +71,7 @@ class HostCost:
     path_processes: int = 1  # processes (or groups of threads) the serving path's load is spread over
     window_s: float = 1.0  # how far back the serving path's load is averaged
     path_stretches: bool = True  # the path's CPU stretches with the host's (False: its idle latency)
+    law: str = "per_core"  # how the engines share the cores with the path (module docstring)
 
     @property
     def path_cpu_s(self) -> float:
@@ -130,7 +143,8 @@ class Host:
 
     def stretch(self, now: float) -> float:
         """How much longer than alone a step starting now runs (with `stepping` counting it)."""
-        return stretch(self.load(now), self.cost.cores, self.stepping, self.cost.path_processes)
+        c = self.cost
+        return stretch(self.load(now), c.cores, self.stepping, c.path_processes, c.law)
 
     def path_latency(self, now: float, idle_s: float, cpu_s: float | None = None) -> float:
         """The serving path's latency (or a part's) starting now: `idle_s` at idle, `cpu_s` of CPU in it
@@ -138,17 +152,21 @@ class Host:
         if not self.cost.path_stretches:
             return idle_s
         c = self.cost
-        cpu_stretch = stretch(self.load(now), c.cores, max(1, self.stepping), c.path_processes)
+        cpu_stretch = stretch(self.load(now), c.cores, max(1, self.stepping), c.path_processes, c.law)
         return path_latency(idle_s, c.path_cpu_s if cpu_s is None else cpu_s, cpu_stretch)
 
 
-def stretch(load: float, cores: int, stepping: int, path_processes: int) -> float:
+def stretch(load: float, cores: int, stepping: int, path_processes: int, law: str = "per_core") -> float:
     """A step's wall over its time alone with `stepping` engines stepping (itself included) and the serving
-    path's `path_processes` keeping `load` cores busy (the module docstring's max-min fair share)."""
+    path's `path_processes` keeping `load` cores busy, under `law` (the module docstring's)."""
     equal = cores / (stepping + path_processes)
-    if load / path_processes <= equal:
+    if load / path_processes > equal:
+        return max(1.0, 1.0 / equal)
+    if law == "per_core":
+        return max(1.0, max(stepping, cores) / (cores - load))
+    if law == "fluid":
         return max(1.0, stepping / (cores - load))
-    return max(1.0, 1.0 / equal)
+    raise ValueError(f"unknown host sharing law {law!r}")
 
 
 def path_latency(idle_s: float, cpu_s: float, cpu_stretch: float) -> float:

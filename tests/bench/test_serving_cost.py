@@ -216,10 +216,11 @@ def test_a_measurement_with_its_own_path_run_and_time_sets_request_path_s_and_na
 
 def test_the_host_check_sets_each_sweep_runs_measured_stretch_beside_the_host_models():
     """Two engines on 2 cores, each stepping 0.8 of the run, beside a serving path keeping 0.7 cores busy
-    (5 processes, each under its equal share): a step beside the other engine's stretches 2 / (2 - 0.7),
-    one alone not at all, mixed 0.8 / 0.2; with 0.2 cores of other work on the machine added, 2 / 1.1 and
-    1. A run recorded without its wall time is left out."""
-    host = {"cores": 2, "replicas": 2, "path_processes": 5}
+    (5 processes, each under its equal share). Under the fluid law a step beside the other engine's
+    stretches 2 / (2 - 0.7), one alone not at all, mixed 0.8 / 0.2; with 0.2 cores of other work on the
+    machine added, 2 / 1.1 and 1. Under the per-core law (the profile's) every step stretches 2 / 1.3
+    (2 / 1.1 with the other work). A run recorded without its wall time is left out."""
+    host = {"cores": 2, "replicas": 2, "path_processes": 5, "law": "fluid"}
     run = {
         "wall_s": 10.0,
         "engine_cpu_s": 8.0,
@@ -241,6 +242,8 @@ def test_the_host_check_sets_each_sweep_runs_measured_stretch_beside_the_host_mo
         }
     }
     assert host_check(serving, host) == checked
+    per_core = host_check(serving, {**host, "law": "per_core"})["engine_c2_p48"]
+    assert (per_core["model"], per_core["model_with_other_work"]) == (round(2 / 1.3, 3), round(2 / 1.1, 3))
     # With the run's TTFT in parts and the idle path (20 ms, of which 15 ms CPU): its path beside the
     # model's, at the host model's path stretch (both engines stepping for 0.8^2 of arrivals, 2 / 1.3)
     # and at the run's measured step stretch (2.0).

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sim.cluster import Cluster, ClusterConfig, Failure, Group
-from sim.host import Host, HostCost, path_latency
+from sim.host import Host, HostCost, path_latency, stretch
 from sim.profiles import load
 from sim.workload import Request
 from tests.sim.test_simulator import CLASSES, simulate, small_profile
@@ -43,16 +43,23 @@ def test_the_replicas_serving_threads_compete_for_a_core_and_do_not_delay_the_en
     nothing; they are the host's load like the rest of the serving path."""
     alone = one_request(None)
     costly = HostCost(cores=8, replicas=1, replica_cpu_s_per_request=0.004, replica_cpu_s_per_token=0.003)
-    roomy = one_request(costly)
+    roomy = one_request(dataclasses.replace(costly, law="fluid"))  # the fluid law: a free core takes them
     assert (roomy.first_token, roomy.finish) == (alone.first_token, alone.finish)
     host = Host(dataclasses.replace(costly, cpu_s_per_request=0.01, cpu_s_per_token=0.001))
     host.serve(1.0, requests=2, tokens=10)  # 2 x (0.01 + 0.004) + 10 x (0.001 + 0.003) CPU seconds
     assert host.load(1.0) == pytest.approx(0.028 + 0.04, rel=1e-12)
 
 
-def test_a_host_with_cores_to_spare_changes_nothing():
+def test_the_paths_load_stretches_a_lone_engine_by_its_cores_share_and_under_the_fluid_law_not_at_all():
+    """One engine on a 2-core host beside an idle stack keeping one core busy. Per core (measured:
+    bench/host_sharing.py) its core carries half that load, so every step takes 2 / (2 - 1) as long;
+    under the fluid law the free core takes it all and nothing changes."""
     alone = one_request(None)
-    roomy = one_request(HostCost(cores=2, replicas=1, idle_cores=1.0, cpu_s_per_token=0.0))
+    cost = HostCost(cores=2, replicas=1, idle_cores=1.0, cpu_s_per_token=0.0)
+    shared = one_request(cost)
+    assert shared.first_token == pytest.approx(2 * alone.first_token, rel=1e-12)
+    assert tpot(shared) == pytest.approx(2 * tpot(alone), rel=1e-12)
+    roomy = one_request(dataclasses.replace(cost, law="fluid"))
     assert (roomy.first_token, roomy.finish) == (alone.first_token, alone.finish)
 
 
@@ -142,8 +149,8 @@ def test_serving_load_is_its_cpu_at_the_recent_rate_and_decays():
     assert host.load(2.0) == pytest.approx(0.1 + 0.1 / math.e)
     host.stepping = 2  # the serving path gets its 0.2 cores, the two engines share the 1.8 left
     assert host.stretch(1.0) == pytest.approx(2 / 1.8)
-    host.stepping = 1
-    assert host.stretch(1.0) == 1.0  # demand 1.2 of 2 cores: no stretch
+    host.stepping = 1  # demand 1.2 of 2 cores: its core carries half the path's 0.2 (fluid: no stretch)
+    assert host.stretch(1.0) == pytest.approx(2 / 1.8) and stretch(0.2, 2, 1, 2, "fluid") == 1.0
     host.serve(1.0, tokens=1000)  # its 2 processes now want 1.1 cores each: all 3 runnable get an equal share
     assert host.stretch(1.0) == pytest.approx(3 / 2)
 
@@ -238,18 +245,22 @@ def test_the_paths_cpu_part_stretches_and_the_rest_does_not():
 
 
 def test_the_path_runs_at_the_engines_stretch_when_it_arrives():
-    """No engine stepping (or one, with a core to spare): the idle latency. Both engines of a 2-core host
-    stepping beside 0.5 cores of serving load: its CPU at their stretch, 2 / (2 - 0.5)."""
+    """A 2-core host with 0.5 cores of serving load, the path 20 ms of which 10 ms CPU. Per core the hop's
+    core carries its share of that load however many engines step: its CPU at 2 / (2 - 0.5). Under the
+    fluid law, with no engine stepping or one (a core to spare) the idle latency, with both stepping
+    their stretch, 2 / (2 - 0.5)."""
     cost = HostCost(
         cores=2, replicas=2, idle_cores=0.5, cpu_s_per_request=0.008, replica_cpu_s_per_request=0.002
     )
-    host = Host(cost)
-    assert host.path_latency(0.0, 0.02) == 0.02
-    host.stepping = 1
-    assert host.path_latency(0.0, 0.02) == 0.02
-    host.stepping = 2
-    assert host.path_latency(0.0, 0.02) == pytest.approx(0.01 + 0.01 * 2 / 1.5, rel=1e-12)
-    assert host.path_latency(0.0, 0.02) == pytest.approx(host.stretch(0.0) * 0.01 + 0.01, rel=1e-12)
+    stretched = pytest.approx(0.01 + 0.01 * 2 / 1.5, rel=1e-12)
+    per_core, fluid = Host(cost), Host(dataclasses.replace(cost, law="fluid"))
+    for stepping in (0, 1, 2):
+        per_core.stepping = fluid.stepping = stepping
+        assert per_core.path_latency(0.0, 0.02) == stretched
+        assert fluid.path_latency(0.0, 0.02) == (stretched if stepping == 2 else 0.02)
+        assert per_core.path_latency(0.0, 0.02) == pytest.approx(
+            per_core.stretch(0.0) * 0.01 + 0.01, rel=1e-12
+        )
     assert Host(dataclasses.replace(cost, path_stretches=False)).path_latency(0.0, 0.02) == 0.02
 
 

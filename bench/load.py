@@ -1,18 +1,20 @@
 """Load sweep: tok/s/user against aggregate tok/s as concurrency grows, for every verify policy.
 
-Methods (one engine each, built before timing and reused across the sweep; the same engine limits for
-all): plain decoding, MTP-1, DSpark with fixed gamma=7, DSpark with the scheduler (Algorithm 1 and the
+Methods (one engine each, all built before timing and reused across the sweep; the same engine limits
+for all): plain decoding, MTP-1, DSpark with fixed gamma=7, DSpark with the scheduler (Algorithm 1 and the
 pipelined variant), DFlash fixed, EAGLE-3 chain; and, at concurrency 1 only, `transformers` assisted
 generation with a small draft LM trained here on the same corpus (cached under models/hf_assistant).
 
-A point keeps N streams in flight (a finished request is replaced by the next prompt) for max(3N, 12)
+The sweep goes concurrency by concurrency, every method in turn at each (the order rotating), so a
+machine whose speed drifts during the sweep moves every method of a point alike (bench/load.py sweep).
+A point keeps N streams in flight (a finished request is replaced by the next prompt) for max(6N, 24)
 requests of held-out prompts from both domains (odd-indexed windows, as bench/accept.py), temperature 1,
 seeded per request, ignore_eos with a fixed number of new tokens. tok/s/user is decode speed: per
 request (generated tokens - 1) / (finish time - first token time), averaged over requests; aggregate
 tok/s is all generated tokens over the point's wall time; mean verify tokens is drafted tokens put to
 the target per request-round, from the engine's stats over the point.
 
-    python bench/load.py --models models --reprofile    # full sweep: 4.6 min on a quiet 2-core machine
+    python bench/load.py --models models --reprofile    # full sweep: 9.6 min on a quiet 2-core machine
     python bench/load.py --models models --quick        # N = 1, 4, 16, short requests: load_quick.*
     python bench/load.py --report-from bench/results/load.json   # summary, tables, plots re-derived only
 
@@ -267,16 +269,8 @@ def load_prompts(tokenizer, count: int, length: int) -> tuple[list[list[int]], l
     return mixed[:count], by_domain["code"]
 
 
-def sweep(
-    target: Path,
-    method: str,
-    work: Workload,
-    code: Workload | None,
-    concurrency: list[int],
-    num,
-    reprofile: set[str] | None,
-) -> tuple[list[dict], dict | None, dict]:
-    """One method's points over the sweep (and its code-only N=1 point when `code` is given).
+def build(target: Path, method: str, work: Workload, reprofile: set[str] | None) -> tuple[Engine, dict]:
+    """One method's engine, warmed up, and what the report says of it.
 
     `reprofile`: None uses cached SPS tables; a set has each table profiled afresh once per run (the
     set remembers which were).
@@ -288,26 +282,49 @@ def sweep(
         if table.source == "cache":  # a table profiled on a busy machine misleads the scheduler
             table = engine.load_cost_table(force=True)
         reprofile.add(str(table.path))
-    build_s = time.perf_counter() - start
-    # Warm-up, not recorded: first-call allocations and the shapes of a small batch.
-    run_point(engine, work, 4, 4, new_tokens=work.new_tokens // 2)
-    total = sum(num(c) for c in concurrency) + (num(1) if code else 0)
-    points, code_point = [], None
-    with tqdm(total=total, desc=method, unit="req") as bar:
-        for c in concurrency:
-            points.append({"method": method, **run_point(engine, work, c, num(c), bar)})
-            if c == 1 and code is not None:
-                code_point = {"method": method, **run_point(engine, code, 1, num(1), bar)}
-    for p in points:
-        print(
-            f"{method:17s} N={p['concurrency']:2d}: {p['tok_s_user']:7.1f} tok/s/user "
-            f"{p['tok_s_total']:8.1f} tok/s, verify {p['mean_verify_tokens']:.2f}, tau {p['tau']:.2f}",
-            flush=True,
-        )
-    info = {"build_s": round(build_s, 1)}
+    info = {"build_s": round(time.perf_counter() - start, 1)}
     if table is not None:
         info["cost_table"] = {"source": table.source, "path": str(table.path), "points": len(table.points)}
-    return points, code_point, info
+    # Warm-up, not recorded: first-call allocations and the shapes of a small batch.
+    run_point(engine, work, 4, 4, new_tokens=work.new_tokens // 2)
+    return engine, info
+
+
+def sweep(
+    engines: dict[str, Engine],
+    work: Workload,
+    code: Workload,
+    code_methods: tuple[str, ...],
+    concurrency: list[int],
+    num,
+) -> tuple[list[dict], dict[str, dict]]:
+    """Every method's points, concurrency by concurrency: at each, every method in turn, the order
+    rotating from one concurrency to the next. A machine whose speed drifts over the minutes of a sweep
+    (this one's does) then moves all methods of a point alike, and a ratio at a point compares runs
+    minutes apart at most, never a method measured at the start against one at the end. The methods in
+    `code_methods` also run a code-only point at concurrency 1."""
+    methods = list(engines)
+    total = sum(num(c) for c in concurrency) * len(methods) + num(1) * len(code_methods)
+    points: dict[str, list[dict]] = {m: [] for m in methods}
+    code_points: dict[str, dict] = {}
+    with tqdm(total=total, desc="load sweep", unit="req") as bar:
+        for k, c in enumerate(concurrency):
+            for method in methods[k % len(methods) :] + methods[: k % len(methods)]:
+                bar.set_postfix_str(f"{method} N={c}")
+                points[method].append({"method": method, **run_point(engines[method], work, c, num(c), bar)})
+                if c == 1 and method in code_methods:
+                    code_points[method] = {
+                        "method": method,
+                        **run_point(engines[method], code, 1, num(1), bar),
+                    }
+    for method in methods:
+        for p in points[method]:
+            print(
+                f"{method:17s} N={p['concurrency']:2d}: {p['tok_s_user']:7.1f} tok/s/user "
+                f"{p['tok_s_total']:8.1f} tok/s, verify {p['mean_verify_tokens']:.2f}, tau {p['tau']:.2f}",
+                flush=True,
+            )
+    return [p for m in methods for p in points[m]], code_points
 
 
 def parse_args() -> argparse.Namespace:
@@ -319,8 +336,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--methods", default=",".join([*METHODS, HF]))
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=96)
-    parser.add_argument("--requests-factor", type=int, default=3, help="requests per point: factor x N ...")
-    parser.add_argument("--min-requests", type=int, default=12, help="... but at least this many")
+    # Points of 24 requests or more: at 12, two identical plain points at N = 1 parted by up to 20 %.
+    parser.add_argument("--requests-factor", type=int, default=6, help="requests per point: factor x N ...")
+    parser.add_argument("--min-requests", type=int, default=24, help="... but at least this many")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -374,18 +392,13 @@ def main() -> None:
     work = Workload(mixed, seeds, args.new_tokens, args.temperature)
     code_work = Workload(code[: num(1)], seeds, args.new_tokens, args.temperature)
 
-    points: list[dict] = []
-    code_points: dict[str, dict] = {}
-    engines: dict[str, dict] = {}
+    # Every engine is built (and its table profiled) before any is timed: the sweep interleaves them.
+    built, engines = {}, {}
     reprofiled = set() if args.reprofile else None
-    for method in [m for m in methods if m in METHODS]:  # one engine at a time: memory
-        wants_code = code_work if method in ("plain", SCHEDULED) else None
-        method_points, code_point, engines[method] = sweep(
-            target, method, work, wants_code, concurrency, num, reprofiled
-        )
-        points += method_points
-        if code_point:
-            code_points[method] = code_point
+    for method in [m for m in methods if m in METHODS]:
+        built[method], engines[method] = build(target, method, work, reprofiled)
+    code_methods = tuple(m for m in ("plain", SCHEDULED) if m in built)
+    points, code_points = sweep(built, work, code_work, code_methods, concurrency, num)
 
     hf_plain = assistant = None
     if HF in methods:

@@ -163,7 +163,8 @@ def markdown(result: dict) -> str:
     lines = [
         "# Host sharing: how this machine's scheduler stretches an engine's steps",
         "",
-        f"`{result['command']}` — {result['cores']} cores, {result['seconds']:.0f} s per regime, "
+        f"`{result['command']}` (started {result.get('measured_at', 'at an unrecorded time')}) — "
+        f"{result['cores']} cores, {result['seconds']:.0f} s per regime, "
         f"1-min load {result['load_avg_1m_at_start']:.2f} at start.",
         "",
         "Two stand-in engines spin a known CPU per step (idle gaps between busy periods), five stand-in path "
@@ -208,7 +209,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=25.0, help="per regime")
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args()
-    load_at_start = os.getloadavg()[0]
+    load_at_start, measured_at = os.getloadavg()[0], time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     regimes = []
     for regime in REGIMES:
         print(f"{regime.name}: {args.seconds:.0f} s", flush=True)
@@ -218,6 +219,7 @@ def main() -> None:
     )
     result = {
         "command": command,
+        "measured_at": measured_at,
         "cores": os.cpu_count(),
         "seconds": args.seconds,
         "load_avg_1m_at_start": round(load_at_start, 2),

@@ -39,8 +39,9 @@ def tpot(req: Request) -> float:
 
 
 def test_the_replicas_serving_threads_compete_for_a_core_and_do_not_delay_the_engine():
-    """Measured (serving_cost.json's engine_blocked_s about 0): with a core to spare they cost the engine
-    nothing; they are the host's load like the rest of the serving path."""
+    """Measured (serving_cost.json's engine_blocked_s about 0): they never hold the engine up, they are the
+    host's load like the rest of the serving path (under the fluid law, with a core to spare, they then
+    cost the engine nothing)."""
     alone = one_request(None)
     costly = HostCost(cores=8, replicas=1, replica_cpu_s_per_request=0.004, replica_cpu_s_per_token=0.003)
     roomy = one_request(dataclasses.replace(costly, law="fluid"))  # the fluid law: a free core takes them
@@ -86,8 +87,8 @@ def test_steps_share_the_cores_as_processes_do_a_step_started_alone_slows_when_a
 
 def test_in_the_cluster_a_step_that_started_alone_ends_later_when_another_engine_steps_beside_it():
     """Two requests on the two replicas of a one-core host, the second arriving while the first's prefill
-    runs: the first's TTFT is longer than alone, by less than twice, and both finish as they would
-    in turn on a core each at half speed."""
+    runs: the first's TTFT is longer than alone, by less than twice (it ran alone for its first 0.1 ms),
+    and the second's about the same (both ran at half speed while both stepped)."""
     profile = small_profile(host=HostCost(cores=1, replicas=2))
     reqs = [
         Request(rid=i, arrival=i * 1e-4, prompt_tokens=512, max_tokens=2, sla_class="standard", domain="easy")

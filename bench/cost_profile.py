@@ -223,7 +223,7 @@ def host_check(
     premise alone: the path's CPU stretches as the engines' does). With the idle way in too
     (`request_path_in_s`) and runs that recorded theirs, the way in likewise (its share of the path's CPU,
     sim/host.py path_parts)."""
-    out, law = {}, host.get("law", "per_core")
+    out, law = {}, HostCost.from_json(host).law
     for label in serving.get("engine_sweep", []):
         run = serving["engine_steps"][label]
         if "wall_s" not in run:

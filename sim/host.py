@@ -88,29 +88,31 @@ class HostCost:
 class Host:
     """One host's cores: the engines stepping on it and the serving path's recent CPU rate."""
 
-    __slots__ = ("cost", "stepping", "_work", "_at", "_left", "_since", "_stretch")
+    __slots__ = ("cost", "_work", "_at", "_left", "_since", "_stretch")
 
     def __init__(self, cost: HostCost) -> None:
         self.cost = cost
-        self.stepping = 0
         self._work = 0.0  # serving-path CPU seconds, exponentially decayed to time _at
         self._at = 0.0
         self._left: dict[Hashable, float] = {}  # each step in flight: its work left, in seconds alone
         self._since = 0.0  # when the steps in flight last changed
         self._stretch = 1.0  # ... and the stretch they have run at since
 
+    @property
+    def stepping(self) -> int:
+        """Engines of the host in a step now."""
+        return len(self._left)
+
     def start(self, now: float, key: Hashable, alone_s: float) -> dict[Hashable, float]:
         """A step taking `alone_s` alone on a core starts now; returns when each step in flight ends."""
         self._advance(now)
         self._left[key] = alone_s
-        self.stepping += 1
         return self._ends(now)
 
     def finish(self, now: float, key: Hashable) -> dict[Hashable, float]:
         """The step `key` ended (or its engine died): returns when each other step in flight ends."""
         self._advance(now)
-        if self._left.pop(key, None) is not None:
-            self.stepping -= 1
+        self._left.pop(key, None)
         return self._ends(now)
 
     def _advance(self, now: float) -> None:

@@ -148,9 +148,10 @@ def test_serving_load_is_its_cpu_at_the_recent_rate_and_decays():
     host.serve(1.0, requests=2, tokens=40)  # 0.02 + 0.08 CPU seconds
     assert host.load(1.0) == pytest.approx(0.1 + 0.1)
     assert host.load(2.0) == pytest.approx(0.1 + 0.1 / math.e)
-    host.stepping = 2  # the serving path gets its 0.2 cores, the two engines share the 1.8 left
+    host.start(1.0, "a", 1.0)
+    host.start(1.0, "b", 1.0)  # the serving path gets its 0.2 cores, the two engines share the 1.8 left
     assert host.stretch(1.0) == pytest.approx(2 / 1.8)
-    host.stepping = 1  # demand 1.2 of 2 cores: its core carries half the path's 0.2 (fluid: no stretch)
+    host.finish(1.0, "b")  # demand 1.2 of 2 cores: its core carries half the path's 0.2 (fluid: no stretch)
     assert host.stretch(1.0) == pytest.approx(2 / 1.8) and stretch(0.2, 2, 1, 2, "fluid") == 1.0
     host.serve(1.0, tokens=1000)  # its 2 processes now want 1.1 cores each: all 3 runnable get an equal share
     assert host.stretch(1.0) == pytest.approx(3 / 2)
@@ -256,7 +257,9 @@ def test_the_path_runs_at_the_engines_stretch_when_it_arrives():
     stretched = pytest.approx(0.01 + 0.01 * 2 / 1.5, rel=1e-12)
     per_core, fluid = Host(cost), Host(dataclasses.replace(cost, law="fluid"))
     for stepping in (0, 1, 2):
-        per_core.stepping = fluid.stepping = stepping
+        if stepping:  # one more engine in a step on each host
+            per_core.start(0.0, stepping, 0.01)
+            fluid.start(0.0, stepping, 0.01)
         assert per_core.path_latency(0.0, 0.02) == stretched
         assert fluid.path_latency(0.0, 0.02) == (stretched if stepping == 2 else 0.02)
         assert per_core.path_latency(0.0, 0.02) == pytest.approx(

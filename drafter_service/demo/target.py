@@ -61,7 +61,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     # bf16 autocast (fp32 master weights) about doubles CPU throughput where the CPU has bf16 units,
-    # i.e. twice the tokens in the same budget; weights are saved in float32 either way.
+    # i.e. twice the tokens in the same budget; weights are saved in float32 either way. Elsewhere
+    # (emulated bf16) training runs in fp32 (training/precision.py).
     bf16: bool = True
     eval_tokens: int = 32768  # Per domain; enough for a stable perplexity, cheap to compute.
     # Safety net only: stopping by the clock makes the weights depend on the machine's speed.

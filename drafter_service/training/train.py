@@ -33,7 +33,8 @@ class TrainSettings:
     # A 7-step training-time test costs ~7 forwards of the whole sequence: the autoregressive
     # drafters see this many sequences of each batch so their step costs what a block drafter's does.
     ar_batch_size: int = 4
-    # bf16 autocast (fp32 master weights) about doubles CPU throughput where bf16 units exist.
+    # bf16 autocast (fp32 master weights) about doubles CPU throughput where bf16 units exist; elsewhere
+    # fp32 (training/precision.py).
     bf16: bool = True
     seed: int = 0
 

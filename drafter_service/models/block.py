@@ -79,7 +79,8 @@ class BlockDrafter(nn.Module):
     # ---- pieces used by both training and serving --------------------------------------------------
 
     def context_features(self, hidden: torch.Tensor) -> torch.Tensor:
-        """C_t = hidden_norm(fc . concat(H^{l1}_t ... H^{lk}_t)); the target's states in the drafter's dtype."""
+        """C_t = hidden_norm(fc . concat(H^{l1}_t ... H^{lk}_t)), the target's states in the drafter's
+        dtype."""
         return self.hidden_norm(self.fc(hidden.to(self.dtype)))
 
     def context_kv(

@@ -93,7 +93,9 @@ def derive_profile(profile: dict, serving: dict, serve: dict, command: str) -> d
     else:
         out["request_path_s"] = request_path_s(serve)
         sources = {PATH_SOURCE: _path_source(serve)}
-    sources[HOST_SOURCE] = _host_source(serving, command)
+    if "request_path_in_s" in out:
+        out["host"].update(path_beyond(serving, out["host"], out["request_path_s"], out["request_path_in_s"]))
+    sources[HOST_SOURCE] = _host_source(serving, command, out["host"])
     if serving.get("engine_sweep") and serving.get("sps_table"):
         sources.update(_fit_steps(out, serving, command))
     if serving.get("draft_sweep"):
@@ -142,7 +144,15 @@ def _own_path_source(path: dict, command: str) -> str:
     )
 
 
-def _host_source(serving: dict, command: str) -> str:
+def _host_source(serving: dict, command: str, host: dict) -> str:
+    beyond = (
+        "; path_in_beyond / path_back_beyond = each direction's mean latency in the engine sweep's "
+        "closed-loop runs beyond the CPU-stretch model of it, by the requests open (the run's "
+        "concurrency; 1 open: the path run itself, 0 beyond), the mean of the runs at one concurrency "
+        "(bench/cost_profile.py path_beyond)"
+        if host.get("path_in_beyond")
+        else ""
+    )
     return (
         f"{HOST_SOURCE} bench/serving_cost.py's measurement ({command}; derived by bench/cost_profile.py "
         "with request_path_s: the validation's stack, two demo target replicas with the DSpark drafter, "
@@ -152,7 +162,7 @@ def _host_source(serving: dict, command: str) -> str:
         "taken as 0); replica_cpu_s_per_request/token = the replicas' threads other than the engine's "
         "(Serve's request handling and streaming, in the engine's process); idle_cores = every process of "
         "the stack with no traffic (Ray, Serve's stats polling, the client); cores = this machine's 2; "
-        "replicas = 2 per host, the validation's layout"
+        f"replicas = 2 per host, the validation's layout{beyond}"
     )
 
 
@@ -268,6 +278,37 @@ def host_check(
                     path_in_idle_ms=round(idle_in * 1e3, 2),
                 )
     return out
+
+
+def path_beyond(serving: dict, host: dict, request_path_s: float, request_path_in_s: float) -> dict:
+    """The serving path's latency beyond sim/host.py's CPU-stretch model, by the requests open on it
+    (HostCost.path_in_beyond / path_back_beyond): in each engine sweep run that timed its way in, each
+    direction's mean measured latency less the model's of it (host_check: the way back is the path less
+    the way in, both ways), keyed by the run's concurrency (a closed loop: that many requests open), the
+    mean of the runs at one concurrency; at 1 open, 0 (the path run, one request at a time, is the idle
+    latency the model starts from). Empty without such runs."""
+    checked = host_check(serving, host, request_path_s, request_path_in_s)
+    by_open: dict[int, list[tuple[float, float]]] = {}
+    for label, run in checked.items():
+        if "path_in_ms" not in run:
+            continue
+        way_in = (run["path_in_ms"] - run["path_in_model_ms"]) / 1e3
+        back = (run["path_ms"] - run["path_in_ms"] - (run["path_model_ms"] - run["path_in_model_ms"])) / 1e3
+        by_open.setdefault(_concurrency(label), []).append((way_in, back))
+    if not by_open:
+        return {}
+    table = [(1, [(0.0, 0.0)])] if 1 not in by_open else []
+    table += sorted(by_open.items())
+    mean = [(n, [sum(x) / len(x) for x in zip(*runs)]) for n, runs in table]
+    return {
+        "path_in_beyond": [[n, round(m[0], 5)] for n, m in mean],
+        "path_back_beyond": [[n, round(m[1], 5)] for n, m in mean],
+    }
+
+
+def _concurrency(label: str) -> int:
+    """An engine sweep run's concurrency from its label (bench/serving_cost.py sweep_label)."""
+    return int(label.split("_c", 1)[1].split("_", 1)[0])
 
 
 ACCEPT = REPO / "bench" / "results" / "accept.json"

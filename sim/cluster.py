@@ -11,9 +11,11 @@ Failures kill a replica's requests and bring a fresh replica (new id, no stats y
 Replicas of a profile with a host block are placed `host.replicas` to a host in fleet order (across
 groups with the same host block), whose cores they share with the serving path (sim/host.py); a
 replacement takes its predecessor's place. There the serving path's latency stretches with the host's
-contention (sim/host.py). A profile that measured the path's way in (`request_path_in_s`) has the router
-see a request at the end of it and the engine's first token reach the client the rest of the path later
-(every later token as much later: TPOT keeps); without it the whole path comes before the router. Each
+contention (sim/host.py), and by what its processes queue for with the requests open on it, where the
+profile measured that (sim/host.py beyond). A profile that measured the path's way in
+(`request_path_in_s`) has the router see a request at the end of it and the engine's first token reach
+the client the rest of the path later (every later token as much later: TPOT keeps); without it the
+whole path comes before the router. Each
 request records when its replica took it and ran its first prompt chunk (TTFT in parts:
 Request.ttft_parts).
 """
@@ -29,7 +31,7 @@ from deployments.replica_state import RecentForwards, RecentRounds
 from dspark.draft_budget import DraftBudget
 from router.policy import PolicyConfig, Sla
 from sim.events import EventQueue
-from sim.host import Host, path_parts
+from sim.host import Host, beyond, path_parts
 from sim.profiles import Profile
 from sim.replica import Plan, SimReplica
 from sim.routing import PowerOfTwo, RoundRobin, SlaArm
@@ -138,6 +140,7 @@ class Cluster:
         self.retired: list[SimReplica] = []
         self._finished: dict[str, list[Request]] = {}  # since the last control period, by replica
         self._inbound, self._back = self._path_parts()
+        self.open_on_path = 0  # requests arrived on a host's serving path and not yet ended (sim/host.py)
 
     def _add(self, group: Group, replica_id: str) -> SimReplica:
         replica = SimReplica(
@@ -207,15 +210,29 @@ class Cluster:
         return path_parts(profile.request_path_s, profile.request_path_in_s, cpu)
 
     def _arrive(self, req: Request) -> None:
-        assert self._path_host is not None
-        self.q.after(self._path_host.path_latency(self.q.now, *self._inbound), self._route, req)
+        host = self._path_host
+        assert host is not None
+        self.open_on_path += 1
+        way_in = host.path_latency(self.q.now, *self._inbound) + beyond(
+            host.cost.path_in_beyond, self.open_on_path
+        )
+        self.q.after(max(0.0, way_in), self._route, req)
+
+    def _ended(self, count: int = 1) -> None:
+        """`count` requests that came in over a host's serving path ended (done, shed, refused, failed)."""
+        if self._path_host is not None:
+            self.open_on_path -= count
 
     def _return(self, first: list[Request], done: list[Request]) -> None:
         """The first token's way back to the client: each request's first token (and so every later one,
         its finish too) reaches the client that much later; TPOT keeps."""
         for req in first:
             host = self._path_host
-            req.path_back = self._back[0] if host is None else host.path_latency(self.q.now, *self._back)
+            if host is None:
+                req.path_back = self._back[0]
+            else:
+                back = host.path_latency(self.q.now, *self._back)
+                req.path_back = max(0.0, back + beyond(host.cost.path_back_beyond, self.open_on_path))
             req.first_token += req.path_back
         for req in done:
             req.finish += req.path_back
@@ -226,6 +243,7 @@ class Cluster:
         choice = self.router.choose(req, self._alive(), self.q.now)
         if choice.action == "shed":
             req.outcome, req.finish = "shed", self.q.now
+            self._ended()
             return
         for replica_id in choice.ranking:
             replica = self._by_id.get(replica_id)
@@ -234,6 +252,7 @@ class Cluster:
             refusal = replica.admit(req)
             if refusal is not None:  # the engine's own refusal: KV exhausted -> 429
                 req.outcome, req.finish = "refused", self.q.now
+                self._ended()
                 return
             self.free_slots -= 1
             req.admitted = self.q.now
@@ -297,6 +316,7 @@ class Cluster:
         if host is not None:
             host.serve(self.q.now, tokens=replica.counters.generated_tokens - tokens)
         self.free_slots += len(done)
+        self._ended(len(done))
         for req in done:
             self.router.completed(replica.replica_id, req, self.q.now)
         if done and self.config.controller is not None:
@@ -336,6 +356,7 @@ class Cluster:
         host = self._host_of.get(replica.replica_id)
         if host is not None and self._running.pop(replica.replica_id, None) is not None:
             self._reschedule(host.finish(self.q.now, replica.replica_id))
+        self._ended(len(replica.seqs))
         replica.fail(self.q.now)
         self._dead.add(replica.replica_id)
         self._visible.pop(replica.replica_id, None)

@@ -48,6 +48,16 @@ new mix (`start`, `finish`), so a step that started alone slows down when anothe
 serving path's load is read at those moments too (it moves slowly: a decayed window of `window_s`).
 GPU profiles have no host block: there the step runs on the accelerator and the serving path on the
 node's CPUs (the profile states it).
+
+The CPU-stretch model leaves out what the serving path's processes queue for: they are event loops that
+carry every open stream's tokens and every new request's hops, so a hop waits behind the others' work,
+more of it the more requests are open (bench/results/sim.json's host_check: the way in measured 26 / 39 /
+63 / 99 ms at 2 / 4 / 8 / 12 requests open against the CPU-stretch model's 24 / 25 / 28 / 30). A profile
+measured with an engine sweep carries that remainder as measured (`path_in_beyond`, `path_back_beyond`:
+each direction's mean latency beyond the CPU-stretch model, by the requests open on the path, from the
+sweep's closed-loop runs; bench/cost_profile.py path_beyond), and the path's latency adds it at the
+requests open when the request arrives (the way in) or its first token comes out (the way back),
+interpolated between the measured counts and held at the ends (`beyond`).
 """
 
 from __future__ import annotations
@@ -72,6 +82,10 @@ class HostCost:
     window_s: float = 1.0  # how far back the serving path's load is averaged
     path_stretches: bool = True  # the path's CPU stretches with the host's (False: its idle latency)
     law: str = "per_core"  # how the engines share the cores with the path (module docstring)
+    # The path's latency beyond the CPU-stretch model by the requests open on it, ((open, seconds), ...)
+    # ascending in open, each direction's (module docstring); empty: none measured.
+    path_in_beyond: tuple[tuple[int, float], ...] = ()
+    path_back_beyond: tuple[tuple[int, float], ...] = ()
 
     @property
     def path_cpu_s(self) -> float:
@@ -82,7 +96,11 @@ class HostCost:
     def from_json(cls, data: dict | None) -> HostCost | None:
         if not data:
             return None
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        for k in ("path_in_beyond", "path_back_beyond"):  # JSON lists, kept as tuples (hashable)
+            if k in fields:
+                fields[k] = tuple((int(n), float(s)) for n, s in fields[k])
+        return cls(**fields)
 
 
 class Host:
@@ -176,6 +194,19 @@ def path_latency(idle_s: float, cpu_s: float, cpu_stretch: float) -> float:
     latency `idle_s`, the CPU part (`cpu_s`, at most all of it) stretches and the rest does not."""
     cpu = min(idle_s, cpu_s)
     return idle_s - cpu + cpu * cpu_stretch
+
+
+def beyond(table: tuple[tuple[int, float], ...], open_requests: int) -> float:
+    """The path's latency beyond the CPU-stretch model with `open_requests` open (a HostCost table):
+    linear between the measured counts, held at the nearest end outside them; 0 without a table."""
+    if not table:
+        return 0.0
+    if open_requests <= table[0][0]:
+        return table[0][1]
+    for (n0, s0), (n1, s1) in zip(table, table[1:]):
+        if open_requests <= n1:
+            return s0 + (s1 - s0) * (open_requests - n0) / (n1 - n0)
+    return table[-1][1]
 
 
 def path_parts(

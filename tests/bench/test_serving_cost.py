@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.cost_profile import derive_profile, host_check, provenance
+from bench.cost_profile import derive_profile, host_check, path_beyond, provenance
 from bench.serving_cost import (
     ENGINE_COUNTERS,
     engine_time,
@@ -104,7 +104,9 @@ def test_write_profile_fits_the_step_and_drafter_terms_to_the_sweeps_over_the_re
         "sps_table": table,
     }
 
-    plain = derive_profile(profile, measured["serving"], serve, measured["command"])
+    # The made-up sweep runs record no wall time, so host_check (and the path's remainder, path_beyond)
+    # leaves them out: the profile without them is derived without the committed runs' timings too.
+    plain = derive_profile(profile, {**measured["serving"], "ttft_split": {}}, serve, measured["command"])
     fitted = derive_profile(profile, serving, serve, measured["command"])
     assert {k: fitted[k] for k in terms} == pytest.approx(terms, abs=1e-9)
     assert {k: fitted[k] for k in drafter} == pytest.approx(drafter, abs=1e-9)
@@ -263,6 +265,43 @@ def test_the_host_check_sets_each_sweep_runs_measured_stretch_beside_the_host_mo
     way_in = host_check(serving, host, 0.020, 0.016)["engine_c2_p48"]
     assert (way_in["path_in_ms"], way_in["path_in_idle_ms"]) == (24.0, 16.0)
     assert way_in["path_in_model_ms"] == round((0.004 + 0.012 * (0.64 * 2 / 1.3 + 0.36)) * 1e3, 2)
+
+
+def test_the_paths_remainder_beyond_the_model_is_measured_by_the_requests_open():
+    """The committed measurement's sweep: at each concurrency (its requests open) each direction's mean
+    measured latency less the host model's (host_check), the two runs at concurrency 8 (prompts of 48 and
+    144 tokens) averaged; at one request open nothing beyond (the path run is the idle latency). A
+    measurement whose runs did not time their way in gives no table, and the profile none."""
+    root = Path(__file__).resolve().parents[2]
+    measured = json.loads((root / "bench" / "results" / "serving_cost.json").read_text())
+    profile = json.loads((root / "sim" / "profiles" / "cpu_measured.json").read_text())
+    serving, host = measured["serving"], profile["host"]
+    path, path_in = profile["request_path_s"], profile["request_path_in_s"]
+    checked = host_check(serving, host, path, path_in)
+    tables = path_beyond(serving, host, path, path_in)
+    concurrency = {2: ["engine_c2_p48"], 4: ["engine_c4_p48"], 8: ["engine_c8_p48", "engine_c8_p144"]}
+    concurrency[12] = ["engine_c12_p48"]
+    assert [n for n, _ in tables["path_in_beyond"]] == [1, 2, 4, 8, 12]
+    assert tables["path_in_beyond"][0] == [1, 0.0] and tables["path_back_beyond"][0] == [1, 0.0]
+    for (n, way_in), (m, back) in zip(tables["path_in_beyond"][1:], tables["path_back_beyond"][1:]):
+        runs = [checked[label] for label in concurrency[n]]
+        ins = [r["path_in_ms"] - r["path_in_model_ms"] for r in runs]
+        backs = [r["path_ms"] - r["path_in_ms"] - r["path_model_ms"] + r["path_in_model_ms"] for r in runs]
+        assert n == m
+        assert way_in == pytest.approx(sum(ins) / len(ins) / 1e3, abs=1e-5)
+        assert back == pytest.approx(sum(backs) / len(backs) / 1e3, abs=1e-5)
+    # The way in grows with the requests open on this machine: 12 open wait longest.
+    assert max(tables["path_in_beyond"], key=lambda row: row[1])[0] == 12
+    untimed = {
+        **serving,
+        "ttft_split": {
+            k: {kk: vv for kk, vv in v.items() if kk != "path_in_s"} for k, v in serving["ttft_split"].items()
+        },
+    }
+    assert path_beyond(untimed, host, path, path_in) == {}
+    serve = json.loads((root / "bench" / "results" / "serve_proxy.json").read_text())
+    derived = derive_profile(profile, untimed, serve, provenance(measured))
+    assert "path_in_beyond" not in derived["host"]
 
 
 def test_with_each_requests_way_in_the_path_splits_into_in_and_back():

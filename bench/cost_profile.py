@@ -170,16 +170,30 @@ def _runs(serving: dict, labels: list[str]) -> list[step_fit.EngineRun]:
     return [step_fit.EngineRun.from_counters(serving["engine_steps"][label]) for label in labels]
 
 
+def _points(serving: dict, labels: list[str]) -> list[step_fit.EngineRun]:
+    """The step fit's points: each run's prefill steps and decode steps apart where its engine counted
+    them (step_fit.EngineRun.split_counters), else the run."""
+    return [p for label in labels for p in step_fit.EngineRun.split_counters(serving["engine_steps"][label])]
+
+
 def _fit_steps(out: dict, serving: dict, command: str) -> dict[str, str]:
     """The SPS table and the step terms into `out`; their sources by prefix."""
     sweep, table = serving["engine_sweep"], serving["sps_table"]
-    runs = _runs(serving, sweep)
+    runs, points = _runs(serving, sweep), _points(serving, sweep)
     out["sps"] = {"points": list(table["points"]), "rates": list(table["rates"])}
     out["sps_fingerprint"] = table.get("fingerprint") or out.get("sps_fingerprint")
     cost = from_dict(out).cost_table()
-    terms = {k: round(v, 9) for k, v in step_fit.fit_step_terms(runs, cost).items()}
+    terms = {k: round(v, 9) for k, v in step_fit.fit_step_terms(points, cost).items()}
     out.update(terms)
-    ratios = ", ".join(f"{r:.3f}" for r in step_fit.cpu_over_model(runs, cost, terms))
+    ratios = ", ".join(f"{r:.3f}" for r in step_fit.cpu_over_model(points, cost, terms))
+    split = len(points) > len(runs)
+    per = (
+        "each run's steps that ran a prompt chunk and its decode-only steps as two points (the engine counts "
+        "them apart: dspark/stats.py prefill_step_*), each point's CPU its share of the run's by wall"
+        if split
+        else "each run one point at its mean step"
+    )
+    over = "per-point (prefill, decode by run)" if split else "per-run"
     drafted = sum(serving["engine_steps"][label]["drafted_tokens"] for label in sweep)
     forward = sum(r.forward_tokens for r in runs)
     draft_share = sum(r.draft_cpu_s for r in runs) / sum(r.cpu_s for r in runs)
@@ -193,7 +207,8 @@ def _fit_steps(out: dict, serving: dict, command: str) -> dict[str, str]:
         "forward's CPU over the table's wall time, which was timed as the replicas started) over "
         f"serving_cost's engine sweep ({command}; runs "
         f"{', '.join(sweep)}: concurrency x prompt tokens, two replicas at 1 torch thread, closed loop, its "
-        f"own held-out prompts, never the validation's trace); per-run CPU over the fitted model {ratios}; "
+        f"own held-out prompts, never the validation's trace; {per}); {over} CPU over the fitted model "
+        f"{ratios}; "
         f"the engines drafted {int(drafted)} of {int(forward)} forward tokens there (their draft gate "
         f"declines most rounds on this machine), and drafting took {draft_share:.1%} of their CPU (the "
         "engine's drafting seconds at its CPU share of the steps' wall), taken out: the drafter terms "

@@ -431,6 +431,12 @@ ENGINE_COUNTERS = (
     "draft_time_s",
     "gated_rounds",
     "accepted_tokens",
+    # The steps that ran a prompt chunk, apart (sim/step_fit.py EngineRun.split_counters).
+    "prefill_steps",
+    "prefill_step_time_s",
+    "prefill_step_forward_tokens",
+    "prefill_step_rounds",
+    "prefill_step_draft_time_s",
 )
 
 

@@ -251,6 +251,7 @@ class Engine:
         the policy) raises to the caller, which must treat the engine as broken (AsyncEngine does).
         """
         t_start = time.perf_counter()
+        rounds_before = self.stats.rounds
         for seq in self.seqs.values():
             seq.delta_token_ids, seq.delta_text = [], ""
         budget = self.config.max_num_batched_tokens
@@ -304,6 +305,8 @@ class Engine:
 
         elapsed = time.perf_counter() - t_start
         self.stats.record_step(elapsed, forward_time, draft_time)
+        if chunks:
+            self.stats.record_prefill_step(elapsed, num_tokens, self.stats.rounds - rounds_before, draft_time)
         between = t_start - self._busy_step_end if self._busy_step_end is not None else 0.0
         decode_tokens = sum(len(item.token_ids) for item in items[: len(decoding)])
         self.stats.record_decode(len(decoding), decode_tokens, between + elapsed)

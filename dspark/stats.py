@@ -39,6 +39,14 @@ class EngineStats:
     # what its time per output token is made of (the router calibrates by it, router/signals.py).
     round_time_s: float = 0.0
     round_tokens: int = 0
+    # The steps that ran a prompt chunk, apart (their part of steps, step_time_s, forward_tokens, rounds
+    # and draft_time_s): a run's mean step hides two kinds, decode steps of a few tokens and prefill steps
+    # of many, which a cost model fitted to run means cannot tell apart (sim/step_fit.py splits them).
+    prefill_steps: int = 0
+    prefill_step_time_s: float = 0.0
+    prefill_step_forward_tokens: int = 0
+    prefill_step_rounds: int = 0
+    prefill_step_draft_time_s: float = 0.0
     # The verify-length scheduler: its budget, the lengths it chose (l -> request-rounds), and in
     # rounds with confidences the accepted drafts it expected (sum of survival) against those accepted.
     draft_budget: DraftBudget = field(default_factory=DraftBudget)
@@ -55,6 +63,14 @@ class EngineStats:
         self.forward_time_s += forward_s
         self.draft_time_s += draft_s
         self.recent_step_ms.append(elapsed_s * 1e3)
+
+    def record_prefill_step(self, elapsed_s: float, forward_tokens: int, rounds: int, draft_s: float) -> None:
+        """The step just recorded (record_step) ran a prompt chunk: its part in the prefill steps."""
+        self.prefill_steps += 1
+        self.prefill_step_time_s += elapsed_s
+        self.prefill_step_forward_tokens += forward_tokens
+        self.prefill_step_rounds += rounds
+        self.prefill_step_draft_time_s += draft_s
 
     def record_decode(self, decoding: int, decode_tokens: int, wall_s: float) -> None:
         """A step of `decoding` requests, `decode_tokens` of its forward theirs, `wall_s` long as they
@@ -123,6 +139,11 @@ class EngineStats:
             "step_time_s": round(self.step_time_s, 4),
             "round_time_s": round(self.round_time_s, 4),
             "round_tokens": self.round_tokens,
+            "prefill_steps": self.prefill_steps,
+            "prefill_step_time_s": round(self.prefill_step_time_s, 4),
+            "prefill_step_forward_tokens": self.prefill_step_forward_tokens,
+            "prefill_step_rounds": self.prefill_step_rounds,
+            "prefill_step_draft_time_s": round(self.prefill_step_draft_time_s, 4),
             "forward_time_s": round(self.forward_time_s, 4),
             "draft_time_s": round(self.draft_time_s, 4),
             "overhead_fraction": round(self.overhead_fraction, 4),

@@ -13,11 +13,13 @@ here to runs of the engine as it is served: per run, its steps, the tokens throu
 decoding requests over those steps (the engine's own counters, summed over the run), and the engine
 thread's CPU time less its drafting (the engine's own drafting seconds at the share of its steps' wall
 time it spent on a CPU: the profile's drafter terms price drafting apart). Each run is one point at its
-mean tokens and requests per step; the terms are the non-negative least-squares fit of plain CPU per step
-on (1 / SPS(mean tokens), 1, requests, tokens) over the points, the forward's term kept in (a step always
-runs its forward: a fit that would price it at 0 has let the overheads absorb it, and a profile whose
-forward costs nothing cannot time the draft gate's comparison, which is on the table's clock; the fit
-refuses runs that show no forward cost). A fit needs points that vary both
+mean tokens and requests per step (or two, where the engine counted its steps that ran a prompt chunk
+apart: those and the decode-only rest, `EngineRun.split_counters`, since a run's mean step hides a few
+long prefill steps among many short decode steps); the terms are the non-negative least-squares fit of
+plain CPU per step on (1 / SPS(mean tokens), 1, requests, tokens) over the points, the forward's term
+kept in (a step always runs its forward: a fit that would price it at 0 has let the overheads absorb it,
+and a profile whose forward costs nothing cannot time the draft gate's comparison, which is on the
+table's clock; the fit refuses runs that show no forward cost). A fit needs points that vary both
 (several concurrencies, and a run with longer prompts: at one prompt shape tokens per step move with
 requests per step and the two terms cannot be told apart).
 
@@ -55,6 +57,37 @@ class EngineRun:
         on_cpu = min(1.0, run["engine_cpu_s"] / wall) if wall > 0 else 1.0
         draft_cpu = run.get("draft_time_s", 0.0) * on_cpu
         return cls(int(run["steps"]), run["forward_tokens"], run["rounds"], run["engine_cpu_s"], draft_cpu)
+
+    @classmethod
+    def split_counters(cls, run: dict) -> list[EngineRun]:
+        """A bench/serving_cost.py engine run as two points where its engine counted the steps that ran
+        a prompt chunk apart (dspark/stats.py prefill_step_*): those steps and the decode-only rest, each
+        with its share of the engine thread's CPU by its share of the steps' wall (the two kinds run on
+        the same thread beside the same load); the whole run where it did not, or where one kind is
+        missing."""
+        whole = cls.from_counters(run)
+        prefill = run.get("prefill_steps", 0)
+        if not 0 < prefill < whole.steps or run.get("step_time_s", 0.0) <= 0:
+            return [whole]
+        share = run["prefill_step_time_s"] / run["step_time_s"]
+        draft_share = (
+            run["prefill_step_draft_time_s"] / run["draft_time_s"] if run.get("draft_time_s") else 0.0
+        )
+        prefill_run = cls(
+            int(prefill),
+            run["prefill_step_forward_tokens"],
+            run["prefill_step_rounds"],
+            whole.cpu_s * share,
+            whole.draft_cpu_s * draft_share,
+        )
+        decode_run = cls(
+            whole.steps - prefill_run.steps,
+            whole.forward_tokens - prefill_run.forward_tokens,
+            whole.rounds - prefill_run.rounds,
+            whole.cpu_s - prefill_run.cpu_s,
+            whole.draft_cpu_s - prefill_run.draft_cpu_s,
+        )
+        return [prefill_run, decode_run]
 
     @property
     def plain_cpu_s(self) -> float:

@@ -190,3 +190,55 @@ def test_a_healing_table_heals_from_the_forwards_wall_time_and_the_gate_times_dr
     timed = [p for p in plans if p.drafting][1:]  # the first drafting round folded the prompt: not timed
     assert replica.gate.draft_s is not None and timed
     assert replica.gate.draft_s == pytest.approx(1.5 * (0.0005 + 0.001), rel=0.05)
+
+
+def test_a_run_whose_engine_counted_its_prefill_steps_apart_is_two_points_that_fit_its_two_kinds():
+    """Runs each made of alike decode steps (a few tokens over a few requests) and a few alike prefill
+    steps (a prompt chunk beside one round) by known terms, the CPU split by the steps' wall: as two
+    points each (split_counters) they give the terms back exactly; as single points at their mean step
+    (priced by the table at a size neither kind is) they do not. Engines on a CPU for 80% of the wall,
+    drafting in decode steps only."""
+    counters, decode_steps = [], []
+    # (decode steps, their tokens, requests), (prefill steps, their tokens) per run
+    for (n_d, t_d, r_d), (n_p, t_p) in [
+        ((300, 2, 2), (10, 16)),
+        ((200, 4, 2), (30, 64)),
+        ((400, 3, 3), (5, 32)),
+        ((150, 8, 4), (50, 128)),
+        ((250, 6, 6), (20, 64)),
+    ]:
+        step_d = model_s(EngineRun(1, t_d, r_d, 0.0), TABLE, TERMS)
+        step_p = model_s(EngineRun(1, t_p, 1, 0.0), TABLE, TERMS)
+        decode_steps.append(((t_d, r_d), step_d))
+        cpu = n_d * step_d + n_p * step_p
+        counters.append(
+            {
+                "steps": n_d + n_p,
+                "forward_tokens": t_d * n_d + t_p * n_p,
+                "rounds": r_d * n_d + n_p,
+                "engine_cpu_s": cpu + 0.4,
+                "step_time_s": (cpu + 0.4) / 0.8,
+                "draft_time_s": 0.5,
+                "prefill_steps": n_p,
+                "prefill_step_time_s": n_p * step_p / 0.8,
+                "prefill_step_forward_tokens": t_p * n_p,
+                "prefill_step_rounds": n_p,
+                "prefill_step_draft_time_s": 0.0,
+            }
+        )
+    points = [p for c in counters for p in EngineRun.split_counters(c)]
+    assert len(points) == 10
+    prefills, decodes = points[0::2], points[1::2]
+    assert [p.requests_per_step for p in prefills] == [1.0] * 5 and all(p.draft_cpu_s == 0 for p in prefills)
+    assert [(d.tokens_per_step, d.requests_per_step) for d in decodes] == [k for k, _ in decode_steps]
+    assert [d.draft_cpu_s for d in decodes] == pytest.approx([0.4] * 5, rel=1e-12)
+    assert fit_step_terms(points, TABLE) == pytest.approx(TERMS, rel=1e-9)
+    # Fitted to the runs' means instead, the terms come out otherwise and price the decode steps off.
+    means = fit_step_terms([EngineRun.from_counters(c) for c in counters], TABLE)
+    priced = [model_s(EngineRun(1, t, r, 0.0), TABLE, means) / step for (t, r), step in decode_steps]
+    assert max(abs(x - 1) for x in priced) > 0.01
+    # Without the counters, or with no step of one kind, the run stays one point.
+    plain = {k: v for k, v in counters[0].items() if not k.startswith("prefill_step")}
+    assert EngineRun.split_counters(plain) == [EngineRun.from_counters(plain)]
+    none = {**counters[0], "prefill_steps": 0}
+    assert EngineRun.split_counters(none) == [EngineRun.from_counters(none)]

@@ -31,7 +31,7 @@ from deployments.replica_state import RecentForwards, RecentRounds
 from dspark.draft_budget import DraftBudget
 from router.policy import PolicyConfig, Sla
 from sim.events import EventQueue
-from sim.host import Host, beyond, path_parts
+from sim.host import Host, path_parts
 from sim.profiles import Profile
 from sim.replica import Plan, SimReplica
 from sim.routing import PowerOfTwo, RoundRobin, SlaArm
@@ -199,24 +199,26 @@ class Cluster:
         # than the decision itself. The arms only read it.
         return self.replicas
 
-    def _path_parts(self) -> tuple[tuple[float, float], tuple[float, float]]:
-        """((idle latency, CPU) of the way in, the same of the way back) (sim/host.py path_parts)."""
+    def _path_parts(self) -> tuple[tuple, tuple]:
+        """((idle latency, CPU, latency beyond by requests open) of the way in, the same of the way back)
+        (sim/host.py path_parts, HostCost.path_in_beyond / path_back_beyond)."""
         if not self.config.fleet:
-            return (0.0, 0.0), (0.0, 0.0)
+            return (0.0, 0.0, ()), (0.0, 0.0, ())
         profile = self.config.fleet[0].profile
-        cpu = profile.host.path_cpu_s if profile.host is not None else 0.0
+        host = profile.host
+        cpu = host.path_cpu_s if host is not None else 0.0
+        tables = (host.path_in_beyond, host.path_back_beyond) if host is not None else ((), ())
         if profile.request_path_in_s is None:
-            return (profile.request_path_s, cpu), (0.0, 0.0)
-        return path_parts(profile.request_path_s, profile.request_path_in_s, cpu)
+            inbound, back = (profile.request_path_s, cpu), (0.0, 0.0)
+        else:
+            inbound, back = path_parts(profile.request_path_s, profile.request_path_in_s, cpu)
+        return (*inbound, tables[0]), (*back, tables[1])
 
     def _arrive(self, req: Request) -> None:
         host = self._path_host
         assert host is not None
         self.open_on_path += 1
-        way_in = host.path_latency(self.q.now, *self._inbound) + beyond(
-            host.cost.path_in_beyond, self.open_on_path
-        )
-        self.q.after(max(0.0, way_in), self._route, req)
+        self.q.after(host.path_latency(self.q.now, *self._inbound, self.open_on_path), self._route, req)
 
     def _ended(self, count: int = 1) -> None:
         """`count` requests that came in over a host's serving path ended (done, shed, refused, failed)."""
@@ -231,8 +233,7 @@ class Cluster:
             if host is None:
                 req.path_back = self._back[0]
             else:
-                back = host.path_latency(self.q.now, *self._back)
-                req.path_back = max(0.0, back + beyond(host.cost.path_back_beyond, self.open_on_path))
+                req.path_back = host.path_latency(self.q.now, *self._back, self.open_on_path)
             req.first_token += req.path_back
         for req in done:
             req.finish += req.path_back

@@ -51,13 +51,15 @@ node's CPUs (the profile states it).
 
 The CPU-stretch model leaves out what the serving path's processes queue for: they are event loops that
 carry every open stream's tokens and every new request's hops, so a hop waits behind the others' work,
-more of it the more requests are open (bench/results/sim.json's host_check: the way in measured 26 / 39 /
-63 / 99 ms at 2 / 4 / 8 / 12 requests open against the CPU-stretch model's 24 / 25 / 28 / 30). A profile
+more of it the more requests are open (the validation's host_check in the sitting of 2026-12-01 11:15:
+the way in measured 26 / 39 / 63 / 99 ms at 2 / 4 / 8 / 12 requests open against the CPU-stretch model's
+24 / 25 / 28 / 30; each sitting's are in bench/results/sim.json). A profile
 measured with an engine sweep carries that remainder as measured (`path_in_beyond`, `path_back_beyond`:
 each direction's mean latency beyond the CPU-stretch model, by the requests open on the path, from the
 sweep's closed-loop runs; bench/cost_profile.py path_beyond), and the path's latency adds it at the
 requests open when the request arrives (the way in) or its first token comes out (the way back),
-interpolated between the measured counts and held at the ends (`beyond`).
+interpolated between the measured counts and held at the ends (`beyond`). A host whose path does not
+stretch (`path_stretches` False) takes neither: its path is its idle latency.
 """
 
 from __future__ import annotations
@@ -166,14 +168,24 @@ class Host:
         c = self.cost
         return stretch(self.load(now), c.cores, self.stepping, c.path_processes, c.law)
 
-    def path_latency(self, now: float, idle_s: float, cpu_s: float | None = None) -> float:
+    def path_latency(
+        self,
+        now: float,
+        idle_s: float,
+        cpu_s: float | None = None,
+        beyond_table: tuple[tuple[int, float], ...] = (),
+        open_requests: int = 1,
+    ) -> float:
         """The serving path's latency (or a part's) starting now: `idle_s` at idle, `cpu_s` of CPU in it
-        (the whole path's, HostCost.path_cpu_s, unless given; path_latency)."""
+        (the whole path's, HostCost.path_cpu_s, unless given; path_latency), and with `open_requests` on
+        the path the part's measured latency beyond that (`beyond_table`, one of HostCost's
+        path_*_beyond; `beyond`), never below 0."""
         if not self.cost.path_stretches:
             return idle_s
         c = self.cost
         cpu_stretch = stretch(self.load(now), c.cores, max(1, self.stepping), c.path_processes, c.law)
-        return path_latency(idle_s, c.path_cpu_s if cpu_s is None else cpu_s, cpu_stretch)
+        stretched = path_latency(idle_s, c.path_cpu_s if cpu_s is None else cpu_s, cpu_stretch)
+        return max(0.0, stretched + beyond(beyond_table, open_requests))
 
 
 def stretch(load: float, cores: int, stepping: int, path_processes: int, law: str = "per_core") -> float:

@@ -33,7 +33,7 @@ def test_a_host_block_reads_its_tables_as_tuples_and_a_profile_without_them_has_
 
 def burst(cost: HostCost, n: int = 4) -> list[Request]:
     """`n` requests arriving at once on two plain replicas of a host whose path is 20 ms idle (15 ms in,
-    5 ms back) and does not stretch: any difference in their ways is the table's."""
+    5 ms back) with no CPU in it (it does not stretch): any difference in their ways is the table's."""
     requests = [
         Request(rid=i, arrival=0.0, prompt_tokens=32, max_tokens=8, sla_class="standard", domain="easy")
         for i in range(n)
@@ -54,13 +54,7 @@ def burst(cost: HostCost, n: int = 4) -> list[Request]:
 def test_each_arrival_of_a_burst_waits_as_measured_at_the_requests_then_open():
     """Four at once: the k-th finds k open (itself included), so its way in is 15 ms and the table at k;
     their first tokens come out with all four open, so each way back is 5 ms and the table at 4."""
-    cost = HostCost(
-        cores=2,
-        replicas=2,
-        path_stretches=False,
-        path_in_beyond=TABLE,
-        path_back_beyond=((1, 0.0), (4, 0.006)),
-    )
+    cost = HostCost(cores=2, replicas=2, path_in_beyond=TABLE, path_back_beyond=((1, 0.0), (4, 0.006)))
     requests = burst(cost)
     ways_in = [r.admitted - r.arrival for r in requests]
     assert ways_in == pytest.approx([0.015, 0.025, 0.035, 0.045], abs=1e-12)
@@ -68,6 +62,11 @@ def test_each_arrival_of_a_burst_waits_as_measured_at_the_requests_then_open():
     plain = burst(dataclasses.replace(cost, path_in_beyond=(), path_back_beyond=()))
     assert [r.admitted - r.arrival for r in plain] == pytest.approx([0.015] * 4, abs=1e-12)
     assert [r.path_back for r in plain] == pytest.approx([0.005] * 4, abs=1e-12)
+    # A path that does not stretch is its idle latency: the tables do not apply either (the validation's
+    # "path at idle" variant, bench/sim_validate.py).
+    idle = burst(dataclasses.replace(cost, path_stretches=False))
+    assert [r.admitted - r.arrival for r in idle] == pytest.approx([0.015] * 4, abs=1e-12)
+    assert [r.path_back for r in idle] == pytest.approx([0.005] * 4, abs=1e-12)
 
 
 def test_the_requests_open_on_the_path_come_back_to_those_still_pending_after_failures():

@@ -136,6 +136,51 @@ def schedule(
     return lengths
 
 
+def schedule_groups(
+    rows: Sequence[Sequence[float]], counts: Sequence[int], sps: Sps, step_cap: int, fixed_tokens: int = 0
+) -> list[list[int]]:
+    """`schedule` on requests that come in groups of identical survival rows: `counts[g]` requests with
+    `rows[g]`, group after group. Each group's members' lengths, in order: exactly what `schedule` gives
+    the rows repeated `counts[g]` times (tests/dspark/test_scheduler.py holds it to that).
+
+    The cluster simulator's requests of one domain and window share their rows, and its replicas batch
+    dozens of them: the walk then takes a group's members at one position as a run (they are adjacent in
+    the ranking, equal survivals ranked by request), with no ranking of every pair and no lookup of
+    whose pair each one is. Still one SPS reading and one comparison per pair, as `schedule` makes them,
+    so the stop falls where it does there, to the last bit. Rows whose survival repeats a value (a
+    certain or an impossible token) interleave their members' positions in the ranking: those take the
+    plain walk.
+    """
+    if any(b >= a for row in rows for a, b in zip(row, row[1:])):
+        expanded = [row for row, count in zip(rows, counts) for _ in range(count)]
+        flat, out = schedule(expanded, sps, step_cap, fixed_tokens), []
+        for count in counts:
+            out.append(flat[:count])
+            del flat[:count]
+        return out
+    lengths = [[0] * count for count in counts]
+    tokens = sum(counts) + fixed_tokens
+    tau = float(sum(counts))
+    best = tau * sps(tokens)
+    # Each group's pairs at one position rank together: by survival, descending; equal survivals of
+    # different groups by group (their requests come in that order), as schedule's stable sort ranks them.
+    runs = sorted((-a, g, j) for g, row in enumerate(rows) if counts[g] for j, a in enumerate(row, start=1))
+    left = step_cap  # pairs the step cap still admits (a negative cap admits all, as in schedule)
+    for negative, g, j in runs:
+        a, members = -negative, lengths[g]
+        for m in range(len(members)):
+            if left == 0:
+                return lengths
+            left -= 1
+            tau += a
+            tokens += 1
+            theta = tau * sps(tokens)
+            if theta <= best:
+                return lengths
+            members[m], best = j, theta
+    return lengths
+
+
 def best_capacity(
     survivals: Sequence[Sequence[float]], num_requests: int, sps: Sps, step_cap: int, fixed_tokens: int = 0
 ) -> int:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dspark.drafter import DraftProposal
-from dspark.scheduler import Sps, best_capacity, pick_top, schedule, survival
+from dspark.scheduler import Sps, best_capacity, pick_top, schedule, schedule_groups, survival
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,22 @@ class ScheduledLength:
         # (dspark/scheduler.py): a cost table offers it; any other SPS function is taken as it is.
         walk = getattr(round_.sps, "convex", round_.sps)
         return _merge(fixed, schedule(rows, walk, cap, extra))
+
+    def choose_groups(
+        self, rows: list[list[float]], counts: list[int], step_cap: int, sps: Sps | None
+    ) -> list[list[int]]:
+        """choose() on a round of requests in groups: `counts[g]` requests whose windows are `rows[g]`'s
+        length and whose survival is `rows[g]`, group after group (no history). Each group's members'
+        lengths, in order, as choose() gives them on that round written out: the cluster simulator's
+        requests of one domain and window share their rows (dspark.scheduler.schedule_groups)."""
+        if sps is None:
+            windows = [len(row) for row, count in zip(rows, counts) for _ in range(count)]
+            flat, out = trim_longest(windows, step_cap), []
+            for count in counts:
+                out.append(flat[:count])
+                del flat[:count]
+            return out
+        return schedule_groups(rows, counts, getattr(sps, "convex", sps), step_cap)
 
 
 def _split(round_: VerifyRound) -> tuple[list[int], list[list[float]], int]:

@@ -13,7 +13,16 @@ from dspark.cost_table import CostTable
 from dspark.draft_budget import DraftBudget
 from dspark.drafter import DraftProposal
 from dspark.errors import InvalidRequestError
-from dspark.scheduler import RoundRate, best_capacity, convex_rates, pick_top, ranked, schedule, survival
+from dspark.scheduler import (
+    RoundRate,
+    best_capacity,
+    convex_rates,
+    pick_top,
+    ranked,
+    schedule,
+    schedule_groups,
+    survival,
+)
 from dspark.verify_policy import (
     ConfidenceThreshold,
     FixedLength,
@@ -172,6 +181,35 @@ def test_schedule_walks_the_ranking_exactly(seed):
         walk = getattr(sps, "convex", sps)
         cap, fixed = rng.choice([0, 3, 40, 10_000]), rng.choice([0, 5])
         assert schedule(rows, walk, cap, fixed) == reference_schedule(rows, walk, cap, fixed)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_grouped_rows_are_scheduled_as_written_out(seed):
+    # Groups of identical rows (the simulator's requests of one domain and window), groups sharing
+    # survival values (one domain at two windows: prefixes of one row), rows that repeat a value (a
+    # certain or an impossible token), empty groups, caps that bind mid-group and fixed tokens: each
+    # group's lengths are schedule()'s on the rows written out, member by member, and so is the policy's.
+    rng = random.Random(seed)
+    tables = [CostTable([1, 64, 256, 1024], [100.0, 100.0, 40.0, 10.0], 2048), lambda b: 50.0]
+    for _ in range(200):
+        domains = [survival([rng.choice([0.95, 0.9, 0.7, rng.random()]) for _ in range(7)]) for _ in range(3)]
+        if rng.random() < 0.2:
+            domains.append(survival([1.0, 0.9, 0.0, 0.5]))
+        rows = [rng.choice(domains)[: rng.randint(0, 7)] for _ in range(rng.randint(1, 6))]
+        counts = [rng.choice([0, 1, 2, 5, 30]) for _ in rows]
+        sps = rng.choice(tables)
+        walk = getattr(sps, "convex", sps)
+        cap, fixed = rng.choice([0, 3, 17, 40, 10_000]), rng.choice([0, 5])
+        written = [row for row, count in zip(rows, counts) for _ in range(count)]
+        want = schedule(written, walk, cap, fixed)
+        got = schedule_groups(rows, counts, walk, cap, fixed)
+        assert [n for lengths in got for n in lengths] == want
+        assert [len(lengths) for lengths in got] == counts
+        policy = ScheduledLength()
+        chosen = policy.choose(VerifyRound([len(row) for row in written], written, cap, sps))
+        assert [n for lengths in policy.choose_groups(rows, counts, cap, sps) for n in lengths] == chosen
+        trimmed = policy.choose(VerifyRound([len(row) for row in written], written, cap, None))
+        assert [n for lengths in policy.choose_groups(rows, counts, cap, None) for n in lengths] == trimmed
 
 
 def test_pipelined_takes_capacity_from_history_and_ranks_live():

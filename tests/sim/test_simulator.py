@@ -124,6 +124,7 @@ def test_same_seed_same_run_other_seed_other_run():
 def test_the_real_router_and_scheduler_decide(monkeypatch):
     calls = Counter()
     decide, schedule = router.balancer.decide, dspark.verify_policy.schedule
+    schedule_groups = dspark.verify_policy.schedule_groups
 
     def counting_decide(*args, **kwargs):
         calls["decide"] += 1
@@ -133,11 +134,17 @@ def test_the_real_router_and_scheduler_decide(monkeypatch):
         calls["schedule"] += 1
         return schedule(*args, **kwargs)
 
+    def counting_schedule_groups(*args, **kwargs):
+        calls["schedule"] += 1
+        return schedule_groups(*args, **kwargs)
+
     monkeypatch.setattr(router.balancer, "decide", counting_decide)
     monkeypatch.setattr(dspark.verify_policy, "schedule", counting_schedule)
+    monkeypatch.setattr(dspark.verify_policy, "schedule_groups", counting_schedule_groups)
     _, requests = simulate("sla")
     assert calls["decide"] >= len(requests)  # every request was decided by router.policy.decide
-    assert calls["schedule"] > 0  # verify lengths came from dspark.scheduler's Algorithm 1
+    # Verify lengths came from dspark.scheduler's Algorithm 1 (on the batch's groups of identical rows).
+    assert calls["schedule"] > 0
 
 
 # The SLA router's every decision (action, ranking, scores, exclusions) on simulate("sla"), as the

@@ -378,6 +378,7 @@ def decide(
     request has waited for a replica already (its TTFT runs from its arrival)."""
     excluded: dict[str, str] = {}
     candidates: list[Candidate] = []
+    keys: list[tuple] = []  # each candidate's rank key, computed once: the sort and the tie-break read it
     inflow = inflow_rate(replicas) if config.prefill_aware else None
     full: list[ReplicaState] = []  # lacking only a free slot, their signals fresh: worth a wait?
     for state, age_s in zip(replicas, ages if ages is not None else [s.age_s for s in replicas], strict=True):
@@ -388,7 +389,9 @@ def decide(
                 full.append(state)
             continue
         t = tier(state, config, age_s)
-        candidates.append(Candidate(state, t, predict(state, newcomer, inflow, waited_s) if t < 2 else None))
+        candidate = Candidate(state, t, predict(state, newcomer, inflow, waited_s) if t < 2 else None)
+        candidates.append(candidate)
+        keys.append(_rank_key(candidate, config.ample_slack))
     sla = newcomer.sla
     if not candidates:
         # Full, not out of KV room: a patient class waits for a slot, as Serve queues a request for a
@@ -401,11 +404,12 @@ def decide(
                     "wait", (), "every replica with KV room is at max_num_seqs; waiting", excluded=excluded
                 )
         return _shed(replicas, newcomer, config, "no replica has room", excluded, inflow)
-    if not any(c.feasible for c in candidates) and sla.may_shed:
+    if sla.may_shed and all(key[0] for key in keys):  # key[0]: not feasible
         reason = f"no replica can meet SLA class {sla.name!r}"
         return _shed(replicas, newcomer, config, reason, excluded, inflow)
-    order = sorted(candidates, key=lambda c: _rank_key(c, config.ample_slack))
-    chosen = _break_tie(order, config, rng)
+    ranks = sorted(range(len(keys)), key=keys.__getitem__)  # stable: equal keys keep the replicas' order
+    order = [candidates[i] for i in ranks]
+    chosen = _break_tie(order, [keys[i] for i in ranks], config.tie_margin, rng)
     score_now = _score(chosen, config.ample_slack)
     # A wait can win only if the chosen replica leaves wait_gain below ample_slack (slack counts up to it):
     # most decisions (a loose class, any request with ample slack now, wait_gain inf) predict no wait.
@@ -492,23 +496,23 @@ def _rank_key(c: Candidate, ample: float) -> tuple:
     return (not c.feasible, c.tier, -_score(c, ample), c.state.occupancy)
 
 
-def _break_tie(order: list[Candidate], config: PolicyConfig, rng: random.Random) -> Candidate:
+def _break_tie(order: list[Candidate], keys: list[tuple], tie_margin: float, rng: random.Random) -> Candidate:
     """Among the candidates tied with the best (same class of rank, slack within the tie margin, or
     both ample), the least loaded for its size (occupancy); between equally loaded ones, the soonest
-    first token; then a draw."""
-    best = order[0]
-    floor = _score(best, config.ample_slack) - config.tie_margin
-    tied = [
-        c
-        for c in order
-        if c.feasible == best.feasible and c.tier == best.tier and _score(c, config.ample_slack) >= floor
-    ]
-    least = min(c.state.occupancy for c in tied)
-    tied = [c for c in tied if c.state.occupancy == least]
+    first token; then a draw. `order` is ranked by `keys` (_rank_key), so the tied ones lead it."""
+    unfit, best_tier, best, _ = keys[0]
+    floor = -best - tie_margin  # the rank key holds the slack negated
+    tied = []
+    for c, (f, t, negative, occupancy) in zip(order, keys):
+        if f != unfit or t != best_tier or -negative < floor:
+            break
+        tied.append((occupancy, c))
+    least = min(occupancy for occupancy, _ in tied)
+    tied_c = [c for occupancy, c in tied if occupancy == least]
     # Equally loaded: the one predicted to start the newcomer soonest, which is where prefix affinity
     # acts: a replica holding the prompt's prefix skips that prefill. A draw between equals.
-    soonest = min(_ttft(c) for c in tied)
-    return rng.choice([c for c in tied if _ttft(c) <= soonest])
+    soonest = min(_ttft(c) for c in tied_c)
+    return rng.choice([c for c in tied_c if _ttft(c) <= soonest])
 
 
 def _ttft(c: Candidate) -> float:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -160,18 +160,30 @@ class PageManager:
             raise RuntimeError(
                 f"sequence {seq_id} asked for {need} pages beyond its reservation {alloc.reserved}"
             )
-        while len(alloc.table) < need:
-            alloc.table.append(self._take())
-            self._promised -= 1
+        grow = need - len(alloc.table)
+        if grow <= 0:
+            return alloc.table
+        if grow <= len(self._free):  # free pages enough: no eviction, taken in one pass (most calls)
+            take, refs = self._free.popleft, self._refs
+            for _ in range(grow):
+                page = take()
+                refs[page] = 1
+                alloc.table.append(page)
+        else:
+            for _ in range(grow):
+                alloc.table.append(self._take())
+        self._promised -= grow
         return alloc.table
 
     def truncate(self, seq_id: str, num_tokens: int) -> None:
         """Roll back to `num_tokens` valid tokens, returning whole pages past them to the pool."""
         alloc = self._seqs[seq_id]
         keep = pages_for(num_tokens, self.page_size)
-        while len(alloc.table) > keep:
-            self._drop(alloc.table.pop())
-            self._promised += 1
+        cut = len(alloc.table) - keep
+        if cut > 0:
+            self._drop_all(reversed(alloc.table[keep:]))  # the last page first, as popping them would
+            del alloc.table[keep:]
+            self._promised += cut
         alloc.settled = min(alloc.settled, len(alloc.table))
 
     def release(self, seq_id: str) -> None:
@@ -180,8 +192,7 @@ class PageManager:
             self._promised -= alloc.reserved - len(alloc.table)
             # Last page first: of a prompt's cached pages, the later ones are evicted before the
             # earlier ones, which more prompts share.
-            for page in reversed(alloc.table):
-                self._drop(page)
+            self._drop_all(reversed(alloc.table))
 
     def table(self, seq_id: str) -> list[int]:
         return self._seqs[seq_id].table
@@ -256,13 +267,17 @@ class PageManager:
         self._refs[page] = 1
         return page
 
-    def _drop(self, page: int) -> None:
-        self._refs[page] -= 1
-        if self._refs[page] == 0:
-            if self.index is not None and page in self.index:
-                self._evictable[page] = None
-            else:
-                self._free.append(page)
+    def _drop_all(self, pages: Iterable[int]) -> None:
+        """Let go of each page in turn: one no one holds any more is evictable while it caches a prompt
+        page, else free. One loop for all of them (a finished request returns dozens at once)."""
+        refs, free, evictable, index = self._refs, self._free, self._evictable, self.index
+        for page in pages:
+            refs[page] -= 1
+            if refs[page] == 0:
+                if index is not None and page in index:
+                    evictable[page] = None
+                else:
+                    free.append(page)
 
     def _tick(self) -> int:
         self._clock += 1

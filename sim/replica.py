@@ -286,7 +286,7 @@ class SimReplica:
         rng = self.rng.random
         seqs, truncate, acceptance = self.seqs, self.pages.truncate, self.profile.acceptance
         size = self.profile.page_size
-        verify_accept = c.verify_accept
+        verified = []  # (drafts verified, accepted) per request-round, counted once after the loop
         rounds = drafted = accepted_total = 0
         for s, n in zip(plan.decoding, plan.lengths):
             req = s.req
@@ -298,7 +298,7 @@ class SimReplica:
                 row = acceptance[req.domain]
                 while a < n and rng() < row[a]:
                     a += 1
-                verify_accept[n, a] += 1
+                verified.append((n, a))
                 drafted += n
                 accepted_total += a
             computed = s.computed = s.computed + 1 + a
@@ -307,6 +307,7 @@ class SimReplica:
             generated = s.generated = s.generated + a + 1
             if generated >= req.max_tokens:
                 done.append(self._finish(s, now))
+        c.verify_accept.update(verified)
         c.rounds += rounds
         c.round_time_s += rounds * plan.seconds
         c.round_tokens += rounds * (rounds + drafted)

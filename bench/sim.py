@@ -374,7 +374,8 @@ def main(argv: list[str] | None = None) -> None:
             "cpus": os.cpu_count(),
         },
         "settings": settings(args, results),
-        **({"arms_carried_from": earlier["command"]} if earlier else {}),
+        # Where the arms were simulated: a report that carried them already names that run.
+        **({"arms_carried_from": earlier.get("arms_carried_from", earlier["command"])} if earlier else {}),
         "budgets": budgets(),
         "arms": results,
         "summary": summary(results),

@@ -75,3 +75,7 @@ def test_arms_carried_from_an_earlier_report_are_not_simulated_again(tmp_path, m
     assert report["arms"] == earlier["arms"] and report["summary"] == earlier["summary"]
     assert report["arms_carried_from"] == earlier["command"]
     assert f"carried from `{earlier['command']}`" in (second / "sim.md").read_text()
+    # Carried again, they still name the run that simulated them, not the one that carried them.
+    third = tmp_path / "third"
+    main(["--arms-from", str(second / "sim.json"), "--skip-validation", "--skip-scale", "--out", str(third)])
+    assert json.loads((third / "sim.json").read_text())["arms_carried_from"] == earlier["command"]

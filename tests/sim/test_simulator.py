@@ -347,3 +347,45 @@ def test_one_max_ongoing_for_the_deployment_sends_a_small_replica_more_than_its_
 
     assert outcomes(8) == {"done": 2, "refused": 4}
     assert outcomes(None) == {"done": 6}
+
+
+# Every request's outcome and times and every replica's counters on two seeded scenarios (a GPU-class
+# fleet under the SLA router; the measured CPU profile, whose replicas share a host with the serving
+# path, under power-of-two), as the simulator gave them before its speed work of session 19 (main at
+# fa47592; the same after it): a change meant to make it faster must leave these alone; change them
+# only with a change meant to simulate otherwise.
+PINNED_OUTCOMES = {
+    "gpu_sla": (1436, "8e05f818cee1fe4c4eb2da4ad0ad4305fbaf557f0283f7ca1ea2d0deb568bc3f"),
+    "cpu_pow2": (57, "82166b710069e820d3c0fa066932221fc46325cd876d6cd43f54e652fdc05de6"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PINNED_OUTCOMES))
+def test_seeded_outcomes_are_the_pinned_ones(name):
+    from sim.scenario import Scenario, run
+
+    scenario = {
+        "gpu_sla": Scenario(replicas=30, router="sla", scheduler="engine", load=0.9, duration_s=3, drain_s=3),
+        "cpu_pow2": Scenario(
+            profile="cpu_measured",
+            replicas=2,
+            router="pow2",
+            scheduler="engine",
+            load=0.9,
+            duration_s=20,
+            drain_s=10,
+        ),
+    }[name]
+    cluster = run(dataclasses.replace(scenario, warmup_s=0.0))["cluster"]
+    digest = hashlib.sha256()
+    for r in cluster.requests:
+        digest.update(
+            repr(
+                (r.rid, r.outcome, r.replica, r.first_token, r.finish, r.generated, r.admitted, r.scheduled)
+            ).encode()
+        )
+    for replica in cluster.all_replicas():
+        counters = vars(replica.counters)
+        plain = sorted((k, v) for k, v in counters.items() if k != "verify_accept")
+        digest.update(repr((replica.replica_id, plain, sorted(counters["verify_accept"].items()))).encode())
+    assert (len(cluster.requests), digest.hexdigest()) == PINNED_OUTCOMES[name]

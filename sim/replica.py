@@ -50,12 +50,6 @@ class SimSeq:
     # The PageManager's own page table for it (the same list, grown and cut in place): read to skip
     # ensure/truncate calls that would change nothing, which most steps' calls are.
     table: list[int] = field(default_factory=list)
-    # The request's fields every step reads, and its domain's acceptance by position: held here, where
-    # the step's loops over the batch reach them in one lookup.
-    rid: int = 0
-    domain: str = ""
-    max_tokens: int = 0
-    accept: list[float] = field(default_factory=list)
 
     @property
     def remaining(self) -> int:
@@ -174,16 +168,7 @@ class SimReplica:
             self.pages.reserve(key, req.prompt_tokens + req.max_tokens)
         except AdmissionError as exc:
             return str(exc)
-        accept = self.profile.acceptance.get(req.domain, [])  # none: a domain it never drafts for
-        self.seqs[req.rid] = SimSeq(
-            req,
-            key,
-            table=self.pages.table(key),
-            rid=req.rid,
-            domain=req.domain,
-            max_tokens=req.max_tokens,
-            accept=accept,
-        )
+        self.seqs[req.rid] = SimSeq(req, key, table=self.pages.table(key))
         self.counters.prompt_tokens += req.prompt_tokens
         req.replica = self.replica_id
         return None
@@ -208,7 +193,7 @@ class SimReplica:
             # max as below, without their calls: this runs for every decoding request of every step).
             caps = [
                 top if left >= top else (left if left > 0 else 0)
-                for left in [s.max_tokens - s.generated - 1 for s in decoding]
+                for left in [s.req.max_tokens - s.generated - 1 for s in decoding]
             ]
         else:
             caps = []
@@ -257,7 +242,7 @@ class SimReplica:
         """The engine's verify-length policy on this batch (memoised per composition, see the docstring)."""
         if not decoding:
             return []
-        keys = [(s.domain, c) for s, c in zip(decoding, caps)]
+        keys = [(s.req.domain, c) for s, c in zip(decoding, caps)]
         groups = Counter(keys)
         order = sorted(groups)
         # A step cap at or above every window summed never binds (the walk ends first): one memo entry.
@@ -299,17 +284,18 @@ class SimReplica:
         c.forward_wall_s += plan.forward_seconds * plan.stretch
         first, done = [], []
         rng = self.rng.random
-        seqs, truncate = self.seqs, self.pages.truncate
+        seqs, truncate, acceptance = self.seqs, self.pages.truncate, self.profile.acceptance
         size = self.profile.page_size
         verified = []  # (drafts verified, accepted) per request-round, counted once after the loop
         rounds = drafted = accepted_total = 0
         for s, n in zip(plan.decoding, plan.lengths):
-            if s.rid not in seqs:
+            req = s.req
+            if req.rid not in seqs:
                 continue  # failed or aborted during the step
             rounds += 1
             a = 0
             if n:  # the drafts survive position by position: one draw each, until the first rejection
-                row = s.accept
+                row = acceptance[req.domain]
                 while a < n and rng() < row[a]:
                     a += 1
                 verified.append((n, a))
@@ -319,7 +305,7 @@ class SimReplica:
             if len(s.table) * size >= computed + size:  # a whole page past the kept tokens: roll back
                 truncate(s.key, computed)
             generated = s.generated = s.generated + a + 1
-            if generated >= s.max_tokens:
+            if generated >= req.max_tokens:
                 done.append(self._finish(s, now))
         c.verify_accept.update(verified)
         c.rounds += rounds

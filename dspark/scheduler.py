@@ -136,6 +136,17 @@ def schedule(
     return lengths
 
 
+def write_out(items: Sequence, counts: Sequence[int]) -> list:
+    """Groups written out: `items[g]` repeated `counts[g]` times, group after group."""
+    return [item for item, count in zip(items, counts) for _ in range(count)]
+
+
+def split_groups(flat: Sequence, counts: Sequence[int]) -> list[list]:
+    """`flat`, one entry per member of groups written out (write_out), back into its groups' lists."""
+    members = iter(flat)
+    return [list(itertools.islice(members, count)) for count in counts]
+
+
 def schedule_groups(
     rows: Sequence[Sequence[float]], counts: Sequence[int], sps: Sps, step_cap: int, fixed_tokens: int = 0
 ) -> list[list[int]]:
@@ -152,12 +163,7 @@ def schedule_groups(
     plain walk.
     """
     if any(b >= a for row in rows for a, b in zip(row, row[1:])):
-        expanded = [row for row, count in zip(rows, counts) for _ in range(count)]
-        flat, out = schedule(expanded, sps, step_cap, fixed_tokens), []
-        for count in counts:
-            out.append(flat[:count])
-            del flat[:count]
-        return out
+        return split_groups(schedule(write_out(rows, counts), sps, step_cap, fixed_tokens), counts)
     lengths = [[0] * count for count in counts]
     tokens = sum(counts) + fixed_tokens
     tau = float(sum(counts))

@@ -16,7 +16,16 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dspark.drafter import DraftProposal
-from dspark.scheduler import Sps, best_capacity, pick_top, schedule, schedule_groups, survival
+from dspark.scheduler import (
+    Sps,
+    best_capacity,
+    pick_top,
+    schedule,
+    schedule_groups,
+    split_groups,
+    survival,
+    write_out,
+)
 
 
 @dataclass(frozen=True)
@@ -108,22 +117,6 @@ class ScheduledLength:
         walk = getattr(round_.sps, "convex", round_.sps)
         return _merge(fixed, schedule(rows, walk, cap, extra))
 
-    def choose_groups(
-        self, rows: list[list[float]], counts: list[int], step_cap: int, sps: Sps | None
-    ) -> list[list[int]]:
-        """choose() on a round of requests in groups: `counts[g]` requests whose windows are `rows[g]`'s
-        length and whose survival is `rows[g]`, group after group (no history). Each group's members'
-        lengths, in order, as choose() gives them on that round written out: the cluster simulator's
-        requests of one domain and window share their rows (dspark.scheduler.schedule_groups)."""
-        if sps is None:
-            windows = [len(row) for row, count in zip(rows, counts) for _ in range(count)]
-            flat, out = trim_longest(windows, step_cap), []
-            for count in counts:
-                out.append(flat[:count])
-                del flat[:count]
-            return out
-        return schedule_groups(rows, counts, getattr(sps, "convex", sps), step_cap)
-
 
 def _split(round_: VerifyRound) -> tuple[list[int], list[list[float]], int]:
     """Windows of requests without confidences (trimmed to the cap), the others' survival rows, cap left."""
@@ -136,6 +129,25 @@ def _split(round_: VerifyRound) -> tuple[list[int], list[list[float]], int]:
 
 def _merge(fixed: list[int], chosen: list[int]) -> list[int]:
     return [f + c for f, c in zip(fixed, chosen)]
+
+
+def choose_groups(
+    policy: VerifyLengthPolicy,
+    windows: list[int],
+    rows: list[list[float]],
+    counts: list[int],
+    step_cap: int,
+    sps: Sps | None,
+) -> list[list[int]]:
+    """`policy.choose` on a round of requests in groups: `counts[g]` requests with window `windows[g]`
+    and survival `rows[g]`, group after group, no history. Each group's members' lengths, in order, as
+    choose() gives them on that round written out. The cluster simulator's requests of one domain and
+    window share their rows: Algorithm 1 then walks each group's members at one position as a run
+    (dspark.scheduler.schedule_groups); any other policy, or no table, takes the round written out."""
+    if isinstance(policy, ScheduledLength) and sps is not None:
+        return schedule_groups(rows, counts, getattr(sps, "convex", sps), step_cap)
+    written = VerifyRound(write_out(windows, counts), write_out(rows, counts), step_cap, sps, None)
+    return split_groups(policy.choose(written), counts)
 
 
 SCHEDULED_MODES = ("dspark", "pipelined")

@@ -12,7 +12,7 @@ accepts, drawn position by position from the request's domain's acceptance profi
 Verify-length choices are memoised per composition: requests of one domain and one cap have identical
 survival rows, so the policy runs on the batch sorted by (domain, cap) and each group's lengths go back
 to its members in arrival order (the engine's own tie-break between identical rows). The DSpark policy
-takes the batch as those groups (ScheduledLength.choose_groups: Algorithm 1 walking each group's
+takes the batch as those groups (dspark.verify_policy.choose_groups: Algorithm 1 walking each group's
 members at one position as a run, the same lengths as on the batch written out), the others written
 out. Ties between rows of different groups that happen to share a survival value may resolve
 differently from the engine's arrival-order tie-break; it changes which request verifies a token, not
@@ -33,7 +33,7 @@ from dspark.errors import AdmissionError
 from dspark.kv_cache import PageManager
 from dspark.scheduler import survival
 from dspark.step_budget import prefill_tokens
-from dspark.verify_policy import SCHEDULED_MODES, VerifyRound, make_policy, window_limit
+from dspark.verify_policy import SCHEDULED_MODES, choose_groups, make_policy, window_limit
 from sim.profiles import Profile
 from sim.workload import Request
 
@@ -250,19 +250,11 @@ class SimReplica:
         key = (step_cap, tuple((g, groups[g]) for g in order))
         by_group = self._memo.get(key)
         if by_group is None:
+            windows = [cap for _, cap in order]
             rows = [self._survival[domain][:cap] for domain, cap in order]
             counts = [groups[g] for g in order]
-            choose_groups = getattr(self.policy, "choose_groups", None)
-            if choose_groups is not None:  # the scheduler walks each group's members as a run
-                by_group = dict(zip(order, choose_groups(rows, counts, step_cap, self.table)))
-            else:
-                windows = [cap for (_, cap), count in zip(order, counts) for _ in range(count)]
-                written = [row for row, count in zip(rows, counts) for _ in range(count)]
-                chosen = self.policy.choose(VerifyRound(windows, written, step_cap, self.table, None))
-                by_group, i = {}, 0
-                for g, count in zip(order, counts):
-                    by_group[g] = chosen[i : i + count]
-                    i += count
+            chosen = choose_groups(self.policy, windows, rows, counts, step_cap, self.table)
+            by_group = dict(zip(order, chosen))
             if len(self._memo) > MAX_MEMO:
                 # The oldest quarter goes (dicts keep insertion order): the recent compositions, which
                 # the fleet's batches keep returning to, stay, where clearing it all made every step miss.

@@ -28,6 +28,7 @@ from dspark.verify_policy import (
     FixedLength,
     ScheduledLength,
     VerifyRound,
+    choose_groups,
     make_policy,
     window_limit,
 )
@@ -205,11 +206,15 @@ def test_grouped_rows_are_scheduled_as_written_out(seed):
         got = schedule_groups(rows, counts, walk, cap, fixed)
         assert [n for lengths in got for n in lengths] == want
         assert [len(lengths) for lengths in got] == counts
-        policy = ScheduledLength()
+        policy, windows = ScheduledLength(), [len(row) for row in rows]
         chosen = policy.choose(VerifyRound([len(row) for row in written], written, cap, sps))
-        assert [n for lengths in policy.choose_groups(rows, counts, cap, sps) for n in lengths] == chosen
+        assert [
+            n for lengths in choose_groups(policy, windows, rows, counts, cap, sps) for n in lengths
+        ] == chosen
         trimmed = policy.choose(VerifyRound([len(row) for row in written], written, cap, None))
-        assert [n for lengths in policy.choose_groups(rows, counts, cap, None) for n in lengths] == trimmed
+        assert [
+            n for lengths in choose_groups(policy, windows, rows, counts, cap, None) for n in lengths
+        ] == trimmed
 
 
 def test_pipelined_takes_capacity_from_history_and_ranks_live():

@@ -319,9 +319,10 @@ class SimReplica:
                 if s.req.max_tokens <= 1:
                     done.append(self._finish(s, now))
         if self.table is not self.model_table:  # the engine's table heals from the forward it timed
-            # What the engine times as its forward (runner.forward) is the step but its drafting: the
-            # per-request and per-token work of a step is mostly in that call.
-            observed = plan.seconds - plan.draft_seconds * plan.stretch
+            # The engine times runner.forward alone (Engine.step): the step's overheads (scheduling,
+            # sampling, bookkeeping) and its drafting are outside that timer, so the healed table stays
+            # near the profiled one (its forwards at the served scale and the host's stretch).
+            observed = plan.forward_seconds * plan.stretch
             self.table.observe(plan.tokens, observed, self.profile.heal_rate)
             self._memo.clear()
         if self.gate is not None and plan.decoding:

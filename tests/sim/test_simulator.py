@@ -353,10 +353,11 @@ def test_one_max_ongoing_for_the_deployment_sends_a_small_replica_more_than_its_
 # fleet under the SLA router; the measured CPU profile, whose replicas share a host with the serving
 # path, under power-of-two), as the simulator gave them before its speed work of session 19 (main at
 # fa47592; the same after it): a change meant to make it faster must leave these alone; change them
-# only with a change meant to simulate otherwise.
+# only with a change meant to simulate otherwise. Changed since: cpu_pow2 when a healing table took the
+# engine's forward alone, not the step less its drafting (session 20).
 PINNED_OUTCOMES = {
     "gpu_sla": (1436, "8e05f818cee1fe4c4eb2da4ad0ad4305fbaf557f0283f7ca1ea2d0deb568bc3f"),
-    "cpu_pow2": (57, "82166b710069e820d3c0fa066932221fc46325cd876d6cd43f54e652fdc05de6"),
+    "cpu_pow2": (57, "80597ee251bd5088fa94646f408d321e31546959eb42b84001c154ec496911ef"),
 }
 
 

@@ -158,11 +158,18 @@ def test_forward_scale_times_the_step_and_the_gate_weighs_drafting_on_the_tables
 
 def test_a_healing_table_heals_from_the_forwards_wall_time_and_the_gate_times_drafting_in_wall_time():
     """With heal_table the replica decides on its own copy of the table, healed bucket by bucket from
-    what the engine would time as its forward (the step but its drafting, at its wall time: a step that
-    runs 1.5x longer than alone heals its bucket 1.5x slower), and its gate times the drafting at its
-    wall time, on that table's clock, as the engine's gate does. The modelled step time and the
-    profile's shared table are untouched."""
-    profile = small_profile(forward_scale=0.5, draft_s_per_request=0.001, heal_table=True, heal_rate=0.5)
+    what the engine times as its forward (runner.forward alone, at its wall time: a step that runs 1.5x
+    longer than alone heals its bucket 1.5x slower; the step's overheads and its drafting are outside
+    the engine's timer), and its gate times the drafting at its wall time, on that table's clock, as the
+    engine's gate does. The modelled step time and the profile's shared table are untouched."""
+    profile = small_profile(
+        forward_scale=0.5,
+        draft_s_per_request=0.001,
+        step_overhead_s=0.002,
+        request_overhead_s=0.001,
+        heal_table=True,
+        heal_rate=0.5,
+    )
     replica = SimReplica("r", profile)
     assert replica.table is not replica.model_table and replica.model_table is profile.cost_table()
     req = Request(0, 0.0, 16, 200, "standard", "easy")
@@ -177,7 +184,7 @@ def test_a_healing_table_heals_from_the_forwards_wall_time_and_the_gate_times_dr
     assert fixed.rates == list(profile.sps_rates) and fixed.observations == 0
     assert replica.table.observations == 40
     # Its last steps take alike (one request verifying 6-7 drafts, where the table is flat): the bucket
-    # they fall in has healed to their forward at 1.5x its time alone, drafting left out.
+    # they fall in has healed to their forward at 1.5x its time alone, overheads and drafting left out.
     last = plans[-1]
     assert last.drafting and last.seconds == plans[-2].seconds == plans[-3].seconds
     assert last.forward_seconds == pytest.approx(0.5 / fixed(last.tokens), rel=1e-12)

@@ -252,7 +252,10 @@ def _prompts(target: Path, trace: list[Request]) -> list[str]:
     for i, req in enumerate(trace):
         ids = tokenizer.encode(pool[req.domain][i % 64], add_special_tokens=False)[: req.prompt_tokens]
         text = tokenizer.decode(ids)
-        req.prompt_tokens = len(tokenizer.encode(text, add_special_tokens=False))  # what the engine will see
+        # What the engine will see (Engine.tokenize): its length, and its ids for the simulated replicas'
+        # prefix caches (several requests share a held-out prompt, cut to different lengths).
+        req.prompt_ids = tuple(tokenizer.encode(text, add_special_tokens=False))
+        req.prompt_tokens = len(req.prompt_ids)
         out.append(text)
     return out
 

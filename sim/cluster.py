@@ -166,7 +166,11 @@ class Cluster:
             return RoundRobin()
         if c.router == "sla":
             config = c.policy or PolicyConfig(calibrate_tpot=c.calibrate_tpot)
-            return SlaArm(c.classes, c.default_class, self._visible.get, c.seed, c.candidates, config)
+            # The frontend names prompts' pages when its replicas cache prefixes (their info says so).
+            first = c.fleet[0].profile if c.fleet else None
+            page_size = first.page_size if first is not None and first.prefix_caching else None
+            args = (c.classes, c.default_class, self._visible.get, c.seed, c.candidates, config)
+            return SlaArm(*args, page_size=page_size)
         raise ValueError(f"unknown router arm {c.router!r}")
 
     # ---- the run ------------------------------------------------------------------------------------

@@ -64,6 +64,10 @@ class Profile:
     # rate (`heal_rate`, EngineConfig.cost_table_ema), and its gate times drafting in wall time too.
     heal_table: bool = False
     heal_rate: float = 0.05
+    # The engine's automatic prefix caching (EngineConfig.enable_prefix_caching): a request's leading
+    # full prompt pages that an earlier prompt on its replica committed are reused, not prefilled
+    # (dspark.kv_cache.PageManager), for requests whose trace carries their prompt's token ids.
+    prefix_caching: bool = False
     sources: tuple[str, ...] = ()
     assumptions: tuple[str, ...] = ()
     # Shared by every replica of this profile: the engine's table, and memoised verify-length choices.
@@ -141,6 +145,7 @@ def from_dict(data: dict) -> Profile:
         host=HostCost.from_json(data.get("host")),
         heal_table=bool(data.get("heal_table", False)),
         heal_rate=float(data.get("heal_rate", 0.05)),
+        prefix_caching=bool(data.get("prefix_caching", False)),
         sources=tuple(data.get("sources", ())),
         assumptions=tuple(data.get("assumptions", ())),
     )

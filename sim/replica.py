@@ -50,6 +50,7 @@ class SimSeq:
     # The PageManager's own page table for it (the same list, grown and cut in place): read to skip
     # ensure/truncate calls that would change nothing, which most steps' calls are.
     table: list[int] = field(default_factory=list)
+    caching: bool = False  # its prompt's pages are matched against and offered to the prefix cache
 
     @property
     def remaining(self) -> int:
@@ -82,6 +83,7 @@ class Counters:
     accepted_tokens: int = 0
     generated_tokens: int = 0
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
     finished_requests: int = 0
     step_time_s: float = 0.0
     forward_time_s: float = 0.0
@@ -117,7 +119,7 @@ class SimReplica:
         # engine refuses the rest (admit). None: its own max_num_seqs.
         self.max_ongoing = max_ongoing or profile.max_num_seqs
         self.slow = slow
-        self.pages = PageManager(profile.kv_pages, profile.page_size)
+        self.pages = PageManager(profile.kv_pages, profile.page_size, prefix_caching=profile.prefix_caching)
         # The forward's modelled time comes from the profile's table, fixed. The engine decides (draft
         # gate, verify lengths, prefill budget) on its own table, which it heals online from its observed
         # forwards (CostTable.observe): with `profile.heal_table` a replica keeps a copy that heals the
@@ -164,12 +166,16 @@ class SimReplica:
         if len(self.seqs) >= self.profile.max_num_seqs:
             return f"engine full: {len(self.seqs)} of max_num_seqs={self.profile.max_num_seqs} running"
         key = str(req.rid)
+        caching = self.pages.prefix_caching and req.prompt_ids is not None
         try:
-            self.pages.reserve(key, req.prompt_tokens + req.max_tokens)
+            # Engine.add_request: the prompt's leading pages cached here join its table at once.
+            prompt = req.prompt_ids if caching else ()
+            hits = self.pages.reserve(key, req.prompt_tokens + req.max_tokens, prompt)
         except AdmissionError as exc:
             return str(exc)
-        self.seqs[req.rid] = SimSeq(req, key, table=self.pages.table(key))
+        seq = self.seqs[req.rid] = SimSeq(req, key, table=self.pages.table(key), caching=caching)
         self.counters.prompt_tokens += req.prompt_tokens
+        self._reuse(seq, hits)
         req.replica = self.replica_id
         return None
 
@@ -216,6 +222,8 @@ class SimReplica:
         for s in prefilling:
             if left <= 0:
                 break
+            if s.caching:  # pages another request committed since this one arrived (Engine._build_items)
+                self._reuse(s, self.pages.reuse_cached(s.key, s.computed))
             n = min(s.req.prompt_tokens - s.computed, left)
             chunks.append((s, n))
             left -= n
@@ -310,6 +318,8 @@ class SimReplica:
             if s.req.rid not in self.seqs:
                 continue
             s.computed += n
+            if s.caching:  # the prompt pages this chunk filled are offered to the cache (Engine._publish)
+                self.pages.publish(s.key, s.computed)
             if s.computed == s.req.prompt_tokens:
                 s.decoding = True
                 s.generated = 1
@@ -343,6 +353,13 @@ class SimReplica:
                 self.table,
             )
         return first, done
+
+    def _reuse(self, s: SimSeq, cached: list) -> None:
+        """Cached pages joined its table: their tokens count as computed (Engine._reuse)."""
+        if cached:
+            tokens = sum(len(entry.tokens) for entry in cached)
+            s.computed += tokens
+            self.counters.cached_prompt_tokens += tokens
 
     def _finish(self, s: SimSeq, now: float) -> Request:
         del self.seqs[s.req.rid]

@@ -13,8 +13,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from dspark.prefix_cache import route_hashes
 from router.balancer import Balancer
-from router.policy import Newcomer, PolicyConfig, Sla
+from router.policy import Newcomer, PolicyConfig, PromptPages, Sla
 from sim.workload import Request
 
 ARMS = ("pow2", "round_robin", "sla")
@@ -86,8 +87,14 @@ class SlaArm:
         candidates: int = 8,
         config: PolicyConfig | None = None,
         prior_acceptance: float = 0.5,
+        page_size: int | None = None,
     ) -> None:
         self.classes = dict(classes)
+        # The replicas cache prefixes in pages of this many tokens: a prompt whose token ids the trace
+        # carries is named page by page once, as the frontend does (deployments/frontend.py
+        # routed_prompt), for the policy to match against each replica's cached pages. None: no caching.
+        self.page_size = page_size
+        self._pages: tuple[int, PromptPages] | None = None  # the last request's: decided, then routed
         self.stats = stats
         self.balancer = Balancer(
             config or PolicyConfig(),
@@ -105,7 +112,14 @@ class SlaArm:
         self.decision_cpu_s: list[float] = []
 
     def newcomer(self, req: Request) -> Newcomer:
-        return Newcomer(req.prompt_tokens, req.max_tokens, self.classes[req.sla_class], key=str(req.rid))
+        pages = None
+        if self.page_size is not None and req.prompt_ids is not None:
+            if self._pages is None or self._pages[0] != req.rid:
+                hashes = tuple(route_hashes(req.prompt_ids, self.page_size))
+                self._pages = (req.rid, PromptPages(self.page_size, hashes))
+            pages = self._pages[1]
+        sla = self.classes[req.sla_class]
+        return Newcomer(req.prompt_tokens, req.max_tokens, sla, key=str(req.rid), prefix=pages)
 
     def choose(self, req: Request, replicas: list, now: float) -> Choice:
         pool = replicas if len(replicas) <= self.candidates else self.rng.sample(replicas, self.candidates)

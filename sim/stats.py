@@ -59,10 +59,10 @@ def snapshot(
         "draft_budget": replica.budget.to_dict(),
         "sps_table": replica.published_table,
         "healthy": replica.alive,
-        # deployments/replica_state.prefix_cache: prefix caching is not simulated (disabled here).
+        # deployments/replica_state.prefix_cache: the cached pages' names the router matches prompts to.
         "prefix_cache": {
             **replica.pages.routing_summary(),
             "prompt_tokens": c.prompt_tokens,
-            "cached_prompt_tokens": 0,
+            "cached_prompt_tokens": c.cached_prompt_tokens,
         },
     }

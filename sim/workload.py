@@ -74,6 +74,10 @@ class Request:
     max_tokens: int  # also the output length: requests run to max_tokens, as the benchmarks' ignore_eos
     sla_class: str
     domain: str
+    # The prompt's token ids, where the trace knows them (bench/sim_validate.py's real prompts): a replica
+    # whose engine caches prefixes reuses the pages earlier prompts share with it (sim/replica.py), and
+    # the SLA router predicts that reuse (router/policy.py Newcomer.prefix). None: nothing to share.
+    prompt_ids: tuple[int, ...] | None = None
     # Outcome, filled in by the simulation.
     replica: str | None = None
     first_token: float | None = None

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from sim import step_fit
-from sim.host import HostCost, path_latency, path_parts, stretch
+from sim.host import HostCost, beyond, path_latency, path_parts, stretch
 from sim.profiles import from_dict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -145,14 +145,27 @@ def _own_path_source(path: dict, command: str) -> str:
 
 
 def _host_source(serving: dict, command: str, host: dict) -> str:
-    beyond = (
-        "; path_in_beyond / path_back_beyond = each direction's mean latency in the engine sweep's "
-        "closed-loop runs beyond the CPU-stretch model of it, by the requests open (the run's "
-        "concurrency; 1 open: the path run itself, 0 beyond), the mean of the runs at one concurrency "
-        "(bench/cost_profile.py path_beyond)"
-        if host.get("path_in_beyond")
-        else ""
-    )
+    runs = serving.get("arrival_runs") or {}
+    if not host.get("path_in_beyond"):
+        beyond = ""
+    elif runs:
+        rates = ", ".join(f"{run['rate']:g}" for run in runs.values())
+        count = sum(len(run["requests"]) for run in runs.values())
+        beyond = (
+            "; path_in_beyond / path_back_beyond = each direction's latency beyond the CPU-stretch model of "
+            f"it at its run's load, by the requests open when the request arrived (way in) or its first "
+            f"token was made (way back), the mean over the {count} requests of serving_cost's open-loop "
+            f"runs (Poisson arrivals at {rates} per second, {serving.get('max_tokens')} tokens each, its "
+            f"own prompts), counts with at least {MIN_ARRIVALS} requests (bench/cost_profile.py "
+            "open_loop_beyond)"
+        )
+    else:
+        beyond = (
+            "; path_in_beyond / path_back_beyond = each direction's mean latency in the engine sweep's "
+            "closed-loop runs beyond the CPU-stretch model of it, by the requests open (the run's "
+            "concurrency; 1 open: the path run itself, 0 beyond), the mean of the runs at one concurrency "
+            "(bench/cost_profile.py closed_loop_beyond)"
+        )
     return (
         f"{HOST_SOURCE} bench/serving_cost.py's measurement ({command}; derived by bench/cost_profile.py "
         "with request_path_s: the validation's stack, two demo target replicas with the DSpark drafter, "
@@ -249,7 +262,7 @@ def host_check(
     (`request_path_in_s`) and runs that recorded theirs, the way in likewise (its share of the path's CPU,
     sim/host.py path_parts)."""
     out, law = {}, HostCost.from_json(host).law
-    for label in serving.get("engine_sweep", []):
+    for label in [*serving.get("engine_sweep", []), *serving.get("arrival_runs", {})]:
         run = serving["engine_steps"][label]
         if "wall_s" not in run:
             continue
@@ -297,28 +310,85 @@ def host_check(
 
 def path_beyond(serving: dict, host: dict, request_path_s: float, request_path_in_s: float) -> dict:
     """The serving path's latency beyond sim/host.py's CPU-stretch model, by the requests open on it
-    (HostCost.path_in_beyond / path_back_beyond): in each engine sweep run that timed its way in, each
-    direction's mean measured latency less the model's of it (host_check: the way back is the path less
-    the way in, both ways), keyed by the run's concurrency (a closed loop: that many requests open), the
-    mean of the runs at one concurrency; at 1 open, 0 (the path run, one request at a time, is the idle
-    latency the model starts from). Empty without such runs."""
+    (HostCost.path_in_beyond / path_back_beyond). From the measurement's open-loop runs when it has them
+    (open_loop_beyond), else from its engine sweep's closed-loop runs (closed_loop_beyond). Empty without
+    either."""
     checked = host_check(serving, host, request_path_s, request_path_in_s)
+    runs = serving.get("arrival_runs") or {}
+    table = open_loop_beyond(runs, checked) if runs else closed_loop_beyond(checked)
+    if not table:
+        return {}
+    return {
+        "path_in_beyond": [[n, round(way_in, 5)] for n, way_in, _ in table],
+        "path_back_beyond": [[n, round(back, 5)] for n, _, back in table],
+    }
+
+
+MIN_ARRIVALS = 5  # requests that arrived with one count open, for that count's mean to stand in the table
+
+
+def open_loop_beyond(runs: dict, checked: dict) -> list[tuple[int, float, float]]:
+    """(open, way in, way back) beyond the model: every timed request of the open-loop runs (serving_cost
+    arrival_runs) by the requests open when it arrived (sent and not yet ended, itself included; for its
+    way back, when its engine produced its first token), its way in and its way back (its time to first
+    token less its way in and its engine's queue and prefill) less the model's of them at its run's load
+    (host_check), the mean over the requests at one count. Counts with fewer than MIN_ARRIVALS requests
+    are left out (the simulator holds the table at its ends and interpolates between its counts)."""
+    way_in: dict[int, list[float]] = {}
+    back: dict[int, list[float]] = {}
+    for label, run in runs.items():
+        model = checked.get(label)
+        if not model or "path_in_model_ms" not in model:
+            continue
+        model_in = model["path_in_model_ms"] / 1e3
+        model_back = (model["path_model_ms"] - model["path_in_model_ms"]) / 1e3
+        rows = [dict(zip(run["columns"], row)) for row in run["requests"]]
+        spans = [(r["sent_s"], r["end_s"]) for r in rows]
+        for r in rows:
+            if None in (r["inbound_s"], r["queue_s"], r["prefill_s"]):
+                continue
+            engine_first = r["sent_s"] + r["inbound_s"] + r["queue_s"] + r["prefill_s"]
+            way_back = r["first_token_s"] - engine_first
+            way_in.setdefault(_open_at(spans, r["sent_s"]), []).append(r["inbound_s"] - model_in)
+            back.setdefault(_open_at(spans, engine_first), []).append(way_back - model_back)
+
+    def means(by_open: dict[int, list[float]]) -> dict[int, float]:
+        return {n: sum(v) / len(v) for n, v in by_open.items() if len(v) >= MIN_ARRIVALS}
+
+    ins, backs = means(way_in), means(back)
+    counts = sorted(set(ins) | set(backs))
+    return [(n, _at(ins, n), _at(backs, n)) for n in counts]
+
+
+def _open_at(spans: list[tuple[float, float]], t: float) -> int:
+    """Requests open at time t: sent at or before it and not yet ended."""
+    return sum(1 for sent, end in spans if sent <= t < end)
+
+
+def _at(table: dict[int, float], n: int) -> float:
+    """`table` at count n, interpolated between its counts (held at its ends) where n is not one."""
+    return table[n] if n in table else beyond(tuple(sorted(table.items())), n)
+
+
+def closed_loop_beyond(checked: dict) -> list[tuple[int, float, float]]:
+    """(open, way in, way back) beyond the model from the engine sweep's closed-loop runs that timed their
+    way in: each direction's mean measured latency less the model's of it (host_check: the way back is the
+    path less the way in, both ways), keyed by the run's concurrency (that many requests open), the mean
+    of the runs at one concurrency; at 1 open, 0 (the path run, one request at a time, is the idle
+    latency the model starts from). A closed loop keeps its requests open and replaces each the moment it
+    ends: on this machine it reads the path far slower at 8 and 12 open than open-loop traffic does."""
     by_open: dict[int, list[tuple[float, float]]] = {}
     for label, run in checked.items():
-        if "path_in_ms" not in run:
+        if "path_in_ms" not in run or not label.startswith("engine_"):
             continue
         way_in = (run["path_in_ms"] - run["path_in_model_ms"]) / 1e3
         back = (run["path_ms"] - run["path_in_ms"] - (run["path_model_ms"] - run["path_in_model_ms"])) / 1e3
         by_open.setdefault(_concurrency(label), []).append((way_in, back))
     if not by_open:
-        return {}
+        return []
     table = [(1, [(0.0, 0.0)])] if 1 not in by_open else []
     table += sorted(by_open.items())
-    mean = [(n, [sum(x) / len(x) for x in zip(*runs)]) for n, runs in table]
-    return {
-        "path_in_beyond": [[n, round(m[0], 5)] for n, m in mean],
-        "path_back_beyond": [[n, round(m[1], 5)] for n, m in mean],
-    }
+    return [(n, *[sum(x) / len(x) for x in zip(*runs)]) for n, runs in table]
 
 
 def _concurrency(label: str) -> int:

@@ -26,7 +26,13 @@ those terms so the simulator's host model (sim/host.py) takes them as data:
    tokens through the forward, decoding requests per step) beside the engine threads' CPU, their wait for
    a CPU (/proc schedstat's run delay: the host's contention) and the rest of the steps' wall time, off a
    CPU without waiting for one (blocked: the interpreter lock), and the simulator's model of the same
-   steps (engine_cpu_over_model: about 1.0 once the profile is fitted to these runs). --write-profile fits
+   steps (engine_cpu_over_model: about 1.0 once the profile is fitted to these runs). Then open-loop runs
+   (--arrivals: requests arriving as a Poisson process at each rate for --arrivals-s, as served traffic
+   arrives, whatever the others are doing) record every request's send, first token, end, way in and
+   engine spans (`arrival_runs`): the serving path's latency by the requests open on it when each
+   arrived, which the closed loop cannot show (there the same requests stay open and each is replaced
+   the moment it ends: at 8 and 12 open its way in read 64 and 129 ms where the validation's open-loop
+   trace, with as many open, saw 35-45). --write-profile fits
    the profile's step, request and token overheads to the sweep (sim/step_fit.py) over the SPS table the
    replicas used (recorded here). Last, the replicas are redeployed with the draft gate off and runs at
    --draft-sweep's concurrencies measure the drafter's cost per drafting step (the validation's engines
@@ -42,6 +48,7 @@ those terms so the simulator's host model (sim/host.py) takes them as data:
 
     python bench/serving_cost.py [--quick] [--requests 24] [--max-tokens 48] [--concurrency 4]
                                  [--engine-sweep 2x48,4x48,8x48,12x48,8x144] [--draft-sweep 2x48,8x48]
+                                 [--arrivals 2,4] [--arrivals-s 40]
     python bench/serving_cost.py --write-profile   # then: the measured terms into cpu_measured.json
 
 Writes bench/results/serving_cost.json (build/serving_cost_quick.json with --quick), stamped with its
@@ -62,6 +69,7 @@ import json
 import multiprocessing
 import os
 import platform
+import random
 import sys
 import time
 from pathlib import Path
@@ -161,51 +169,93 @@ def _diff(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
     return split_engine({k: after[k] - before.get(k, 0.0) for k in after})
 
 
+async def _stream(client, model: str, prompt: str, max_tokens: int) -> dict:
+    """One request streamed to its end (ignore_eos: it runs to max_tokens): the tokens it got, when it was
+    sent (perf_counter), its time to its first token and to its end from then, its engine spans (queue,
+    prefill; bench/ttft_split.py) from its replica's timing and its way in (sent to its replica's
+    `received` stamp: the client and the replicas share this host's monotonic clock), None without a
+    timing."""
+    from bench.ttft_split import engine_spans, timing_of
+
+    timing = None
+    sent, sent_monotonic = time.perf_counter(), time.monotonic()
+    stream = await client.completions.create(
+        model=model,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=1.0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+        extra_headers={"x-sla-class": "standard"},
+    )
+    tokens, ttft = 0, None
+    async for chunk in stream:
+        if ttft is None and chunk.choices and chunk.choices[0].text:
+            ttft = time.perf_counter() - sent
+        timing = timing_of(chunk) or timing
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    end = time.perf_counter() - sent
+    received = (timing or {}).get("received")
+    return {
+        "tokens": tokens,
+        "sent": sent,
+        "ttft": ttft if ttft is not None else end,
+        "end": end,
+        "spans": engine_spans(timing),
+        "inbound": None if received is None else received - sent_monotonic,
+    }
+
+
+def _client(base_url: str):
+    import openai
+
+    return openai.AsyncOpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=600)
+
+
 async def _drive(
     base_url: str, model: str, prompts: list[str], max_tokens: int, concurrency: int
 ) -> tuple[int, list[float], list[tuple[float, float] | None], list[float | None]]:
-    """Stream every prompt (ignore_eos: each runs to max_tokens); returns the tokens generated, each
-    request's time to its first token (from the moment it was sent), its engine spans (queue, prefill;
-    bench/ttft_split.py) from its replica's timing and its way in (sent to its replica's `received`
-    stamp: the client and the replicas share this host's monotonic clock), None without a timing."""
-    import openai
-
-    from bench.ttft_split import engine_spans, timing_of
-
+    """Every prompt streamed, `concurrency` at a time (a closed loop); returns the tokens generated and
+    each request's time to its first token, engine spans and way in (_stream)."""
     # A client per event loop: its connections belong to the loop that opened them.
-    client = openai.AsyncOpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=600)
+    client = _client(base_url)
     gate = asyncio.Semaphore(concurrency)
 
-    async def one(prompt: str) -> tuple[int, float, tuple[float, float] | None, float | None]:
-        timing = None
+    async def one(prompt: str) -> dict:
         async with gate:
-            sent, sent_monotonic = time.perf_counter(), time.monotonic()
-            stream = await client.completions.create(
-                model=model,
-                prompt=prompt,
-                max_tokens=max_tokens,
-                temperature=1.0,
-                stream=True,
-                stream_options={"include_usage": True},
-                extra_body={"ignore_eos": True},
-                extra_headers={"x-sla-class": "standard"},
-            )
-            tokens, ttft = 0, None
-            async for chunk in stream:
-                if ttft is None and chunk.choices and chunk.choices[0].text:
-                    ttft = time.perf_counter() - sent
-                timing = timing_of(chunk) or timing
-                if chunk.usage is not None:
-                    tokens = chunk.usage.completion_tokens
-            ttft = ttft if ttft is not None else time.perf_counter() - sent
-            received = (timing or {}).get("received")
-            inbound = None if received is None else received - sent_monotonic
-            return tokens, ttft, engine_spans(timing), inbound
+            return await _stream(client, model, prompt, max_tokens)
 
     try:
         done = await asyncio.gather(*(one(p) for p in prompts))
-        tokens, ttfts, spans, inbound = zip(*done) if done else ((), (), (), ())
-        return sum(tokens), list(ttfts), list(spans), list(inbound)
+        tokens = sum(d["tokens"] for d in done)
+        return tokens, [d["ttft"] for d in done], [d["spans"] for d in done], [d["inbound"] for d in done]
+    finally:
+        await client.close()
+
+
+async def _drive_arrivals(
+    base_url: str, model: str, prompts: list[str], max_tokens: int, rate: float, duration_s: float, seed: int
+) -> list[dict]:
+    """Requests arriving as a Poisson process at `rate` per second for `duration_s` (an open loop, as
+    served traffic arrives: each request is sent at its time whatever the others are doing), the prompts
+    in turn; returns each one's _stream record with `sent` from the start of the run."""
+    rng = random.Random(seed)
+    times, t = [], rng.expovariate(rate)
+    while t < duration_s:
+        times.append(t)
+        t += rng.expovariate(rate)
+    client = _client(base_url)
+    start = time.perf_counter()
+
+    async def one(at: float, prompt: str) -> dict:
+        await asyncio.sleep(max(0.0, at - (time.perf_counter() - start)))
+        record = await _stream(client, model, prompt, max_tokens)
+        return {**record, "sent": record["sent"] - start}
+
+    try:
+        return list(await asyncio.gather(*(one(at, prompts[i % len(prompts)]) for i, at in enumerate(times))))
     finally:
         await client.close()
 
@@ -220,6 +270,10 @@ class Settings:
     idle_s: float = 5.0
     sweep: tuple[tuple[int, int], ...] = ((2, 48), (4, 48), (8, 48), (12, 48), (8, 144))
     draft_sweep: tuple[tuple[int, int], ...] = ((2, 48), (8, 48))
+    # Open-loop runs: requests arriving at these rates (per second) for arrivals_s each, as served traffic
+    # arrives: the serving path's latency by the requests open on it (cost_profile.path_beyond).
+    arrivals: tuple[float, ...] = (2.0, 4.0)
+    arrivals_s: float = 40.0
     path_requests: int = 16  # sent one at a time: the serving path's latency beside the engine's step
     sharing_iterations: int = 3000
 
@@ -231,6 +285,8 @@ QUICK = Settings(
     idle_s=1.0,
     sweep=((1, 48), (2, 48), (4, 48), (4, 144)),  # the step fit has 4 terms: 4 runs at least
     draft_sweep=((1, 48), (4, 48)),
+    arrivals=(2.0,),
+    arrivals_s=4.0,
     path_requests=4,
     sharing_iterations=300,
 )
@@ -264,6 +320,7 @@ def measure_serving(models: str, settings: Settings) -> dict:
 
     requests, max_tokens, concurrency = settings.requests, settings.max_tokens, settings.concurrency
     idle_s, sweep, draft_sweep = settings.idle_s, settings.sweep, settings.draft_sweep
+    arrivals_s = settings.arrivals_s
     target = (Path(models) / "target").resolve()
     tokenizer = AutoTokenizer.from_pretrained(target)
     half = requests // 2
@@ -315,6 +372,15 @@ def measure_serving(models: str, settings: Settings) -> dict:
         long, long_tokens, long_wall, _ = run(max_tokens, label="long")
         for streams, length in sweep:  # the engines across batch sizes and prompt lengths
             run(max_tokens, streams, sweep_label(streams, length), prompts_of(length))
+        arrival_runs = {}
+        for seed, rate in enumerate(settings.arrivals):  # the path under open-loop traffic
+            label = arrival_label(rate)
+            with StepWindow("servingcost") as window:
+                drive = _drive_arrivals(base_url, target.name, prompts, max_tokens, rate, arrivals_s, seed)
+                records = asyncio.run(drive)
+            steps[label] = window.steps
+            split[label] = ttft_split(*([r[k] for r in records] for k in ("ttft", "spans", "inbound")))
+            arrival_runs[label] = arrival_run(rate, settings.arrivals_s, records)
         if draft_sweep:  # the drafter's cost: the same engines drafting every round
             gate_off = {**app, "engine": {**ENGINE, "draft_gate": False}}
             serve.run(build_app(gate_off), name="servingcost", route_prefix="/")
@@ -349,6 +415,8 @@ def measure_serving(models: str, settings: Settings) -> dict:
         "engine_steps": {k: {**v, **engine_model_s(v, table)} for k, v in steps.items() if k},
         "engine_sweep": [sweep_label(c, p) for c, p in sweep],
         "draft_sweep": [sweep_label(c, p, "draft") for c, p in draft_sweep],
+        # The open-loop runs, request by request (arrival_run).
+        "arrival_runs": arrival_runs,
         # The SPS table the replicas used (the engine's cache on this machine): the fit's forward term.
         "sps_table": table,
     }
@@ -409,6 +477,29 @@ def ttft_split(
         path_in = sum(i for _, _, i in timed) / n
         out.update(path_in_s=round(path_in, 5), path_back_s=round(ttft - queue - prefill - path_in, 5))
     return out
+
+
+def arrival_label(rate: float) -> str:
+    return f"arrivals_r{rate:g}"
+
+
+def arrival_run(rate: float, duration_s: float, records: list[dict]) -> dict:
+    """An open-loop run's requests, each as [sent, its first token, its end] (seconds from the run's
+    start; the first token and the end as the client saw them), its way in and its engine's queue and
+    prefill (None without its replica's timing)."""
+    rows = []
+    for r in records:
+        spans = r["spans"] or (None, None)
+        first, end = r["sent"] + r["ttft"], r["sent"] + r["end"]
+        rows.append([_r(x) for x in (r["sent"], first, end, r["inbound"], *spans)])
+    return {"rate": rate, "duration_s": duration_s, "columns": list(ARRIVAL_COLUMNS), "requests": rows}
+
+
+ARRIVAL_COLUMNS = ("sent_s", "first_token_s", "end_s", "inbound_s", "queue_s", "prefill_s")
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 5)
 
 
 def sweep_label(concurrency: int, prompt_tokens: int, kind: str = "engine") -> str:
@@ -590,6 +681,13 @@ def main(argv: list[str] | None = None) -> None:
         default=full.draft_sweep,
         help="runs with the draft gate off, concurrency x prompt tokens (the drafter terms' fit points)",
     )
+    p.add_argument(
+        "--arrivals",
+        type=lambda text: tuple(float(r) for r in text.split(",") if r),
+        default=full.arrivals,
+        help="open-loop runs' arrival rates, requests per second (the serving path's queueing)",
+    )
+    p.add_argument("--arrivals-s", type=float, default=full.arrivals_s)
     p.add_argument("--idle-s", type=float, default=full.idle_s)
     p.add_argument("--path-requests", type=int, default=full.path_requests)
     p.add_argument("--sharing-iterations", type=int, default=full.sharing_iterations)
@@ -608,6 +706,8 @@ def main(argv: list[str] | None = None) -> None:
             idle_s=args.idle_s,
             sweep=tuple(args.engine_sweep),
             draft_sweep=tuple(args.draft_sweep),
+            arrivals=tuple(args.arrivals),
+            arrivals_s=args.arrivals_s,
             path_requests=args.path_requests,
             sharing_iterations=args.sharing_iterations,
         )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.cost_profile import derive_profile, host_check, path_beyond, provenance
+from bench.cost_profile import derive_profile, host_check, open_loop_beyond, path_beyond, provenance
 from bench.serving_cost import (
     ENGINE_COUNTERS,
     engine_time,
@@ -267,15 +267,18 @@ def test_the_host_check_sets_each_sweep_runs_measured_stretch_beside_the_host_mo
     assert way_in["path_in_model_ms"] == round((0.004 + 0.012 * (0.64 * 2 / 1.3 + 0.36)) * 1e3, 2)
 
 
-def test_the_paths_remainder_beyond_the_model_is_measured_by_the_requests_open():
-    """The committed measurement's sweep: at each concurrency (its requests open) each direction's mean
-    measured latency less the host model's (host_check), the two runs at concurrency 8 (prompts of 48 and
-    144 tokens) averaged; at one request open nothing beyond (the path run is the idle latency). A
-    measurement whose runs did not time their way in gives no table, and the profile none."""
+def test_without_open_loop_runs_the_paths_remainder_is_measured_by_the_closed_loops_concurrency():
+    """The committed measurement's sweep (its open-loop runs left out): at each concurrency (its requests
+    open) each direction's mean measured latency less the host model's (host_check), the two runs at
+    concurrency 8 (prompts of 48 and 144 tokens) averaged; at one request open nothing beyond (the path run
+    is the idle latency). A measurement whose runs did not time their way in gives no table, and the
+    profile none."""
     root = Path(__file__).resolve().parents[2]
     measured = json.loads((root / "bench" / "results" / "serving_cost.json").read_text())
     profile = json.loads((root / "sim" / "profiles" / "cpu_measured.json").read_text())
     serving, host = measured["serving"], profile["host"]
+    serving = {k: v for k, v in serving.items() if k != "arrival_runs"}
+    measured = {**measured, "serving": serving}
     path, path_in = profile["request_path_s"], profile["request_path_in_s"]
     checked = host_check(serving, host, path, path_in)
     tables = path_beyond(serving, host, path, path_in)
@@ -302,6 +305,53 @@ def test_the_paths_remainder_beyond_the_model_is_measured_by_the_requests_open()
     serve = json.loads((root / "bench" / "results" / "serve_proxy.json").read_text())
     derived = derive_profile(profile, untimed, serve, provenance(measured))
     assert "path_in_beyond" not in derived["host"]
+
+
+def test_open_loop_runs_measure_the_paths_remainder_by_the_requests_open_as_each_arrived():
+    """An open-loop run's requests by the requests open when each was sent (itself included): 5 alone, and
+    5 bursts of three sent 0.1 s apart that end together, then one burst of four (its fourth, the only
+    request with 4 open, too few to count). Each count's way in is its requests' mean less the model's at
+    the run's load (host_check); the way back (first token less the way in and the engine's queue and
+    prefill) by the requests open when the engine made its first token. A request without its replica's
+    timing is left out. With such runs the profile takes its table from them."""
+    host = {"cores": 2, "replicas": 2, "path_processes": 5, "law": "per_core", "idle_cores": 0.2}
+    host |= {"cpu_s_per_request": 0.012, "replica_cpu_s_per_request": 0.003}
+    host |= {"cpu_s_per_token": 0.001, "replica_cpu_s_per_token": 0.0001}
+    steps = {"wall_s": 60.0, "engine_cpu_s": 40.0, "step_time_s": 60.0, "stack_cores": 1.4}
+    steps["machine_busy_cores"] = 1.4
+    inbound = {1: 0.020, 2: 0.030, 3: 0.050, 4: 0.090}
+    rows, back = [], 0.006
+
+    def send(at: float, open_now: int, end: float) -> None:
+        first = at + inbound[open_now] + 0.002 + 0.010 + back
+        rows.append([at, first, end, inbound[open_now], 0.002, 0.010])
+
+    for k in range(5):
+        send(10.0 * k, 1, 10.0 * k + 1.0)
+    for k in range(5):
+        t = 100.0 + 10.0 * k
+        for j in range(3):
+            send(t + 0.1 * j, j + 1, t + 1.0)
+    for j in range(4):
+        send(200.0 + 0.1 * j, j + 1, 201.0)
+    rows.append([300.0, 300.05, 301.0, None, None, None])  # no timing: left out
+    columns = ["sent_s", "first_token_s", "end_s", "inbound_s", "queue_s", "prefill_s"]
+    serving = {
+        "arrival_runs": {
+            "arrivals_r2": {"rate": 2.0, "duration_s": 60.0, "columns": columns, "requests": rows}
+        },
+        "engine_steps": {"arrivals_r2": steps},
+        "ttft_split": {"arrivals_r2": {"path_s": 0.05, "path_in_s": 0.03}},
+    }
+    checked = host_check(serving, host, 0.020, 0.016)["arrivals_r2"]
+    model_in = checked["path_in_model_ms"] / 1e3
+    model_back = (checked["path_model_ms"] - checked["path_in_model_ms"]) / 1e3
+    tables = path_beyond(serving, host, 0.020, 0.016)
+    # Ways in: 11 requests alone (5, and the bursts' firsts), 6 with 2 open, 6 with 3, 1 with 4 (dropped).
+    assert tables["path_in_beyond"] == [[n, round(inbound[n] - model_in, 5)] for n in (1, 2, 3)]
+    # Ways back: every engine made its first token before the next of its burst was sent.
+    assert tables["path_back_beyond"] == [[n, round(back - model_back, 5)] for n in (1, 2, 3)]
+    assert open_loop_beyond(serving["arrival_runs"], {}) == []  # no model of the run: nothing
 
 
 def test_with_each_requests_way_in_the_path_splits_into_in_and_back():

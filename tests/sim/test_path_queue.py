@@ -4,6 +4,8 @@ HostCost.path_in_beyond / path_back_beyond; sim/cluster.py counts the requests o
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 
@@ -89,8 +91,17 @@ def test_the_requests_open_on_the_path_come_back_to_those_still_pending_after_fa
 
 
 def test_the_committed_cpu_profile_carries_the_tables_its_measurement_gives():
-    """cpu_measured.json was derived with its engine sweep's ways in (bench/cost_profile.py path_beyond):
-    its tables start at one request open with nothing beyond the model, ascending in the requests open."""
+    """cpu_measured.json was derived from bench/results/serving_cost.json (bench/cost_profile.py
+    path_beyond): its tables are the ones that measurement gives, ascending in the requests open."""
+    from bench.cost_profile import path_beyond
+
+    root = Path(__file__).resolve().parents[2]
+    serving = json.loads((root / "bench" / "results" / "serving_cost.json").read_text())["serving"]
+    profile = json.loads((root / "sim" / "profiles" / "cpu_measured.json").read_text())
+    tables = path_beyond(serving, profile["host"], profile["request_path_s"], profile["request_path_in_s"])
+    for key in ("path_in_beyond", "path_back_beyond"):
+        assert profile["host"][key] == tables[key]
+        counts = [n for n, _ in profile["host"][key]]
+        assert counts == sorted(set(counts))
     host = load("cpu_measured").host
-    for table in (host.path_in_beyond, host.path_back_beyond):
-        assert table[0] == (1, 0.0) and [n for n, _ in table] == sorted({n for n, _ in table})
+    assert host.path_in_beyond == tuple((n, s) for n, s in tables["path_in_beyond"])

@@ -263,8 +263,8 @@ def host_check(
     sim/host.py path_parts)."""
     out, law = {}, HostCost.from_json(host).law
     for label in [*serving.get("engine_sweep", []), *serving.get("arrival_runs", {})]:
-        run = serving["engine_steps"][label]
-        if "wall_s" not in run:
+        run = serving["engine_steps"].get(label)
+        if run is None or "wall_s" not in run:  # not recorded (or recorded before its wall time was)
             continue
         wall, cpu = run["wall_s"], run["engine_cpu_s"]
         load = run["stack_cores"] - cpu / wall

@@ -13,7 +13,7 @@ from sim.scenario import Scenario
 def test_cli_runs_a_grid_and_writes_json_and_pngs(tmp_path):
     main(
         ["--profile", "cpu_measured", "--replicas", "2", "--router", "pow2,sla", "--scheduler", "engine",
-         "--load", "0.5", "--duration", "4", "--warmup", "1", "--drain", "10", "--out", str(tmp_path)]
+         "--load", "0.5", "--duration", "4", "--warmup", "1", "--drain", "40", "--out", str(tmp_path)]
     )  # fmt: skip
     report = json.loads((tmp_path / "sim.json").read_text())
     assert [(r["scenario"]["router"], r["scenario"]["load"]) for r in report["runs"]] == [

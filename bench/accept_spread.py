@@ -32,13 +32,19 @@ sys.path.insert(0, str(REPO))  # run as a script from anywhere
 Round = tuple[int, int]  # (drafts verified, drafts accepted)
 
 
-def rate_spread(requests: Sequence[Sequence[Round]]) -> float:
-    """The standard deviation of the requests' acceptance rates (those that verified any draft)."""
+def acceptance_rates(requests: Sequence[Sequence[Round]]) -> list[float]:
+    """Each request's accepted over verified drafts (those that verified any)."""
     rates = []
     for rounds in requests:
         verified = sum(k for k, _ in rounds)
         if verified:
             rates.append(sum(a for _, a in rounds) / verified)
+    return rates
+
+
+def rate_spread(requests: Sequence[Sequence[Round]]) -> float:
+    """The standard deviation of the requests' acceptance rates."""
+    rates = acceptance_rates(requests)
     return statistics.pstdev(rates) if len(rates) > 1 else 0.0
 
 
@@ -75,7 +81,7 @@ def summarize(requests: Sequence[Sequence[Round]], draws: int = 200) -> dict:
     rounds = [r for rs in requests for r in rs]
     verified = sum(k for k, _ in rounds)
     null = permutation_spread(requests, draws)
-    rates = [sum(a for _, a in rs) / sum(k for k, _ in rs) for rs in requests if sum(k for k, _ in rs)]
+    rates = acceptance_rates(requests)
     corr = lag_correlation(requests)
     return {
         "requests": len(requests),

@@ -128,32 +128,16 @@ def _served(target: Path, mine: list) -> tuple[int, object]:
 
 
 def _simulated(target: Path, mine: list) -> tuple[int, object]:
-    """The same requests on one simulated replica of the measured CPU profile (sim/profiles/
-    cpu_measured.json over the engines' cached SPS table, as bench/sim_validate.py runs it), its core to
-    itself (no host block: the served engine here runs outside Ray, beside the other part's)."""
-    import dataclasses
-
+    """The same requests on one simulated replica of the measured CPU profile over the engines' cached SPS
+    table, as bench/sim_validate.py runs its two, with its core to itself (no host block: the served
+    engine here runs outside Ray, beside the other part's)."""
     from bench import sim_validate
-    from sim.cluster import Cluster, ClusterConfig, Group
     from sim.profiles import load
-    from sim.scenario import CLASSES
 
-    table = sim_validate._engine_table()
-    profile = dataclasses.replace(
-        load("cpu_measured"), host=None, max_num_seqs=sim_validate.ENGINE["max_num_seqs"]
+    trace = [r for r, _ in mine]
+    _, (replica,) = sim_validate._run_sim(
+        trace, sim_validate._engine_table(), load("cpu_measured"), "none", 1
     )
-    if table is not None:
-        profile = dataclasses.replace(
-            profile, sps_points=tuple(table["points"]), sps_rates=tuple(table["rates"])
-        )
-    profile = dataclasses.replace(profile, cache={})
-    requests = [dataclasses.replace(r, rid=i) for i, (r, _) in enumerate(mine)]
-    config = ClusterConfig(
-        fleet=[Group(profile, 1)], classes=CLASSES["cpu_measured"], default_class="standard"
-    )
-    cluster = Cluster(config, requests)
-    cluster.run(requests[-1].arrival + 600.0 if requests else 0.0)
-    (replica,) = cluster.all_replicas()
     return replica.counters.steps, replica.table
 
 

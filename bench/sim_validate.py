@@ -393,9 +393,9 @@ def _engine_table(path: str | None = None) -> dict | None:
 
 
 def _run_sim(
-    trace: list[Request], table: dict | None, profile: Profile, host: str = "path"
+    trace: list[Request], table: dict | None, profile: Profile, host: str = "path", replicas: int = 2
 ) -> tuple[list[Request], list]:
-    """The trace on two simulated replicas; `host`: a SIM_VARIANTS host model."""
+    """The trace on simulated replicas (two, as served); `host`: a SIM_VARIANTS host model."""
     cost = profile.host
     if cost is not None and host != "path":
         cost = None if host == "none" else dataclasses.replace(cost, path_stretches=False)
@@ -423,7 +423,10 @@ def _run_sim(
         for r in trace
     ]
     config = ClusterConfig(
-        fleet=[Group(profile, 2)], classes=CLASSES["cpu_measured"], default_class="standard", router="sla"
+        fleet=[Group(profile, replicas)],
+        classes=CLASSES["cpu_measured"],
+        default_class="standard",
+        router="sla",
     )
     cluster = Cluster(config, requests)
     cluster.run(trace[-1].arrival + 600.0 if trace else 0.0)

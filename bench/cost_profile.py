@@ -45,6 +45,80 @@ def host_block(serving: dict, cores: int = 2, replicas: int = 2) -> dict:
     }
 
 
+def path_load_fit(serving: dict, host: dict) -> dict:
+    """The serving path's CPU per token and per engine step (HostCost.cpu_s_per_token, cpu_s_per_step),
+    fitted by least squares (never below 0) to the engine sweep's and open-loop runs' measured serving
+    load (the stack's busy cores less the engines' threads') less the host block's idle cores and its
+    per-request CPU at the run's request rate, on each run's token and step rates. The per-token cost of
+    the two-run measurement (host_block) is taken at one rate; across the runs the path's CPU grows slower
+    than the tokens, with the tokens a step serves (sim/host.py). The replicas' own per-token part stays as
+    measured and the path's is the rest. Empty with fewer than three runs that recorded their wall."""
+    rates = run_rates(serving)
+    if len(rates) < 3:
+        return {}
+    per_request = host["cpu_s_per_request"] + host["replica_cpu_s_per_request"]
+    rows = [(r["tokens_per_s"], r["steps_per_s"]) for r in rates.values()]
+    ys = [
+        r["serving_load_cores"] - host["idle_cores"] - r["requests_per_s"] * per_request
+        for r in rates.values()
+    ]
+    per_token, per_step = nonnegative_fit(rows, ys)
+    return {
+        "cpu_s_per_token": round(max(0.0, per_token - host["replica_cpu_s_per_token"]), 6),
+        "cpu_s_per_step": round(per_step, 6),
+    }
+
+
+def run_rates(serving: dict) -> dict[str, dict]:
+    """Each engine sweep and open-loop run that recorded its wall: its requests, tokens and engine steps per
+    second and its measured serving load (the stack's busy cores less the engines' threads'). A sweep run's
+    requests are its tokens over the measurement's max_tokens (each runs to it); an open-loop run's are
+    the ones it recorded."""
+    out = {}
+    arrivals = serving.get("arrival_runs") or {}
+    for label in [*serving.get("engine_sweep", []), *arrivals]:
+        run = serving["engine_steps"].get(label)
+        if run is None or "wall_s" not in run:
+            continue
+        wall = run["wall_s"]
+        if label in arrivals:
+            requests = len(arrivals[label]["requests"])
+        else:
+            requests = run["generated_tokens"] / serving["max_tokens"]
+        out[label] = {
+            "requests_per_s": requests / wall,
+            "tokens_per_s": run["generated_tokens"] / wall,
+            "steps_per_s": run["steps"] / wall,
+            "serving_load_cores": run["stack_cores"] - run["engine_cpu_s"] / wall,
+        }
+    return out
+
+
+def nonnegative_fit(rows: list[tuple[float, float]], ys: list[float]) -> tuple[float, float]:
+    """Least squares y = a x0 + b x1 with a, b >= 0 (through the origin): the unconstrained fit when both
+    come out non-negative, else the better of the two one-term fits (each clamped at 0)."""
+
+    def one(i: int) -> tuple[float, float]:
+        xx = sum(r[i] * r[i] for r in rows)
+        coef = max(0.0, sum(r[i] * y for r, y in zip(rows, ys)) / xx) if xx > 0 else 0.0
+        return (coef, 0.0) if i == 0 else (0.0, coef)
+
+    def sse(a: float, b: float) -> float:
+        return sum((a * x0 + b * x1 - y) ** 2 for (x0, x1), y in zip(rows, ys))
+
+    s00 = sum(x0 * x0 for x0, _ in rows)
+    s11 = sum(x1 * x1 for _, x1 in rows)
+    s01 = sum(x0 * x1 for x0, x1 in rows)
+    s0y = sum(x0 * y for (x0, _), y in zip(rows, ys))
+    s1y = sum(x1 * y for (_, x1), y in zip(rows, ys))
+    det = s00 * s11 - s01 * s01
+    if det > 0:
+        a, b = (s0y * s11 - s1y * s01) / det, (s1y * s00 - s0y * s01) / det
+        if a >= 0 and b >= 0:
+            return a, b
+    return min(one(0), one(1), key=lambda ab: sse(*ab))
+
+
 # The validation's layout is the proxy path (bench/sim_validate.py); `make bench`'s serve.json measures the
 # direct-ingress path, so the proxy run is kept beside it
 # (bench/serve.py --out bench/results/serve_proxy.json).
@@ -84,6 +158,7 @@ def derive_profile(profile: dict, serving: dict, serve: dict, command: str) -> d
     terms (a measurement without them leaves those, and their sources, as they are). `command`: the
     measurement's provenance()."""
     out = {**profile, "host": host_block(serving)}
+    out["host"].update(path_load_fit(serving, out["host"]))
     out.pop("request_path_in_s", None)  # the measurement's own split, or none
     if "path" in serving:
         out["request_path_s"] = serving["path"]["request_path_s"]
@@ -171,11 +246,24 @@ def _host_source(serving: dict, command: str, host: dict) -> str:
         "with request_path_s: the validation's stack, two demo target replicas with the DSpark drafter, "
         f"one ingress, OpenAI HTTP streaming; {serving['requests']} requests at concurrency "
         f"{serving['concurrency']}, max_tokens 1 then {serving['max_tokens']}; CPU time per process from "
-        "/proc). cpu_s_per_request/token = proxy + ingress + client + Ray's other processes (negative noise "
+        "/proc). cpu_s_per_request = proxy + ingress + client + Ray's other processes (negative noise "
         "taken as 0); replica_cpu_s_per_request/token = the replicas' threads other than the engine's "
-        "(Serve's request handling and streaming, in the engine's process); idle_cores = every process of "
+        f"(Serve's request handling and streaming, in the engine's process); {_per_token_source(host)}"
+        "idle_cores = every process of "
         "the stack with no traffic (Ray, Serve's stats polling, the client); cores = this machine's 2; "
         f"replicas = 2 per host, the validation's layout{beyond}"
+    )
+
+
+def _per_token_source(host: dict) -> str:
+    if "cpu_s_per_step" not in host:
+        return "cpu_s_per_token = the same groups' per token; "
+    return (
+        "cpu_s_per_token (the path's, less the replicas' own) and cpu_s_per_step = the least-squares fit "
+        "(never below 0) of the engine sweep's and open-loop runs' serving load (the stack's busy cores "
+        "less the engines' threads'), less the idle cores and the per-request CPU at each run's request "
+        "rate, on the run's tokens and engine steps per second (bench/cost_profile.py path_load_fit: the "
+        "path's CPU grows slower than its tokens, with the tokens a step serves); "
     )
 
 
@@ -261,7 +349,12 @@ def host_check(
     premise alone: the path's CPU stretches as the engines' does). With the idle way in too
     (`request_path_in_s`) and runs that recorded theirs, the way in likewise (its share of the path's CPU,
     sim/host.py path_parts)."""
-    out, law = {}, HostCost.from_json(host).law
+    out, cost = {}, HostCost.from_json(host)
+    law = cost.law
+    rates = {
+        label: (r["requests_per_s"], r["tokens_per_s"], r["steps_per_s"])
+        for label, r in run_rates(serving).items()
+    }
     for label in [*serving.get("engine_sweep", []), *serving.get("arrival_runs", {})]:
         run = serving["engine_steps"].get(label)
         if run is None or "wall_s" not in run:  # not recorded (or recorded before its wall time was)
@@ -280,6 +373,7 @@ def host_check(
             "model": mixed(load),
             "model_with_other_work": mixed(load + other),
             "serving_load_cores": round(load, 3),
+            "serving_load_model_cores": round(cost.load_at(*rates[label]), 3),
             "other_work_cores": round(other, 3),
             "engines_stepping": round(share, 3),
         }

@@ -166,7 +166,7 @@ def validate(
         "profile": recorded,
         "timeline": timeline,
         # Each real run's engine counters, with the profile's model of the same steps (a check of it).
-        "real_engine_steps": [engine_steps(c, table, profile) if c else None for c in counters],
+        "real_engine_steps": [engine_steps(c, table, profile, len(trace)) if c else None for c in counters],
     }
     # The model as it stands (the engines share the host with the serving path, whose latency stretches
     # with the host's contention: sim/host.py), the same with the path at its idle latency, and the
@@ -300,17 +300,24 @@ def _run_real(
     return real, window.steps, inbound
 
 
-def engine_steps(steps: dict, table: dict | None, profile: Profile) -> dict:
+def engine_steps(steps: dict, table: dict | None, profile: Profile, requests: int) -> dict:
     """The real engines' steps over a run (bench/serving_cost.StepWindow) with the profile's model of
     the same steps: where a simulated step and a real one part, step by step rather than only in the
-    latencies."""
+    latencies. With the run's wall, its serving load (the stack's busy cores less the engines' threads')
+    beside the profile's host block at the run's rates of its `requests`, tokens and steps (a check of
+    the host block on a run it was not fitted to)."""
     from bench.serving_cost import engine_model_s
 
-    steps = {
-        k: v for k, v in steps.items() if k not in ("sps_table", "engine_model_s", "engine_cpu_over_model")
-    }
+    drop = ("sps_table", "engine_model_s", "engine_cpu_over_model", "serving_load_cores")
+    steps = {k: v for k, v in steps.items() if k not in (*drop, "serving_load_model_cores")}
     mean_step = round(steps["step_time_s"] / max(1, steps["steps"]), 5)
-    return {**steps, "mean_step_wall_s": mean_step, **engine_model_s(steps, table, profile)}
+    out = {**steps, "mean_step_wall_s": mean_step, **engine_model_s(steps, table, profile)}
+    wall = steps.get("wall_s")
+    if wall and profile.host is not None:
+        rates = (requests / wall, steps["generated_tokens"] / wall, steps["steps"] / wall)
+        out["serving_load_cores"] = round(steps["stack_cores"] - steps["engine_cpu_s"] / wall, 3)
+        out["serving_load_model_cores"] = round(profile.host.load_at(*rates), 3)
+    return out
 
 
 def sim_steps(replicas: list, table: dict | None, profile: Profile) -> dict:

@@ -319,7 +319,7 @@ class Cluster:
         tokens = replica.counters.generated_tokens
         first, done = replica.complete(plan, self.q.now)
         if host is not None:
-            host.serve(self.q.now, tokens=replica.counters.generated_tokens - tokens)
+            host.serve(self.q.now, tokens=replica.counters.generated_tokens - tokens, steps=1)
         self.free_slots += len(done)
         self._ended(len(done))
         for req in done:

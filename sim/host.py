@@ -20,9 +20,13 @@ of known CPU (bench/results/host_sharing.md): the per-core law within a few per 
 stretch, the fluid one low by 4-8 % (its steps alone are not at full speed: the path's bursts do not all
 find the free core). The per-core law is itself a simplification: steps alone measured between the two.
 
-The serving path's load is its measured CPU per request and per token (bench/serving_cost.py) at the
-host's recent rates (an exponentially decayed window of `window_s`), plus the stack's idle CPU (Ray,
-Serve's stats polling).
+The serving path's load is its measured CPU per request, per token and per engine step
+(bench/serving_cost.py, bench/cost_profile.py path_load_fit) at the host's recent rates (an exponentially
+decayed window of `window_s`), plus the stack's idle CPU (Ray, Serve's stats polling). The per-step term
+is there because the path's CPU grows slower than its tokens: a step's tokens leave the replica together
+and the hops behind it carry them in fewer wake-ups and messages the more requests a step serves (on this
+machine, from 1 to 5.5 tokens a step, per token alone overstated the sweep's loads by up to 0.39 cores and
+the validation's by 0.15; per token and per step fit them within 0.06 and 0.03).
 
 The serving work inside a replica's own process (Serve's request handling, streaming each token out) is
 part of that load: its threads compete with the engine's for a core, they do not hold the engine up.
@@ -80,6 +84,7 @@ class HostCost:
     cpu_s_per_token: float = 0.0  # the same per generated token (one stream message each)
     replica_cpu_s_per_request: float = 0.0  # in the replica's process, outside the engine's thread
     replica_cpu_s_per_token: float = 0.0  # (part of the serving path's load, beside the above)
+    cpu_s_per_step: float = 0.0  # the path's CPU per engine step (a step's tokens go out together)
     path_processes: int = 1  # processes (or groups of threads) the serving path's load is spread over
     window_s: float = 1.0  # how far back the serving path's load is averaged
     path_stretches: bool = True  # the path's CPU stretches with the host's (False: its idle latency)
@@ -93,6 +98,14 @@ class HostCost:
     def path_cpu_s(self) -> float:
         """The serving path's CPU per request (all its processes, the replica's serving threads too)."""
         return self.cpu_s_per_request + self.replica_cpu_s_per_request
+
+    def load_at(self, requests_per_s: float, tokens_per_s: float, steps_per_s: float) -> float:
+        """Cores the serving path keeps busy at steady rates (what Host.load settles to), the idle stack's
+        included."""
+        per_request = self.cpu_s_per_request + self.replica_cpu_s_per_request
+        per_token = self.cpu_s_per_token + self.replica_cpu_s_per_token
+        rates = requests_per_s * per_request + tokens_per_s * per_token + steps_per_s * self.cpu_s_per_step
+        return self.idle_cores + rates
 
     @classmethod
     def from_json(cls, data: dict | None) -> HostCost | None:
@@ -151,12 +164,14 @@ class Host:
     def _decayed(self, now: float) -> float:
         return self._work * math.exp(-(now - self._at) / self.cost.window_s) if now > self._at else self._work
 
-    def serve(self, now: float, requests: int = 0, tokens: int = 0) -> None:
-        """The serving path handled `requests` new requests and streamed `tokens` tokens at `now`."""
+    def serve(self, now: float, requests: int = 0, tokens: int = 0, steps: int = 0) -> None:
+        """The serving path handled `requests` new requests and streamed `tokens` tokens of `steps` engine
+        steps at `now`."""
         c = self.cost
         per_request = c.cpu_s_per_request + c.replica_cpu_s_per_request
         per_token = c.cpu_s_per_token + c.replica_cpu_s_per_token
-        self._work = self._decayed(now) + requests * per_request + tokens * per_token
+        work = requests * per_request + tokens * per_token + steps * c.cpu_s_per_step
+        self._work = self._decayed(now) + work
         self._at = max(self._at, now)
 
     def load(self, now: float) -> float:

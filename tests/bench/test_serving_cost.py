@@ -9,7 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from bench.cost_profile import derive_profile, host_check, open_loop_beyond, path_beyond, provenance
+from bench.cost_profile import (
+    derive_profile,
+    host_check,
+    nonnegative_fit,
+    open_loop_beyond,
+    path_beyond,
+    path_load_fit,
+    provenance,
+    run_rates,
+)
 from bench.serving_cost import (
     ENGINE_COUNTERS,
     engine_time,
@@ -105,8 +114,10 @@ def test_write_profile_fits_the_step_and_drafter_terms_to_the_sweeps_over_the_re
     }
 
     # The made-up sweep runs record no wall time, so host_check (and the path's remainder, path_beyond)
-    # leaves them out: the profile without them is derived without the committed runs' timings too.
-    plain = derive_profile(profile, {**measured["serving"], "ttft_split": {}}, serve, measured["command"])
+    # and the path's load fit leave them out: the profile without them is derived without the committed
+    # runs too.
+    without = {"ttft_split": {}, "engine_sweep": [], "arrival_runs": {}}
+    plain = derive_profile(profile, {**measured["serving"], **without}, serve, measured["command"])
     fitted = derive_profile(profile, serving, serve, measured["command"])
     assert {k: fitted[k] for k in terms} == pytest.approx(terms, abs=1e-9)
     assert {k: fitted[k] for k in drafter} == pytest.approx(drafter, abs=1e-9)
@@ -223,15 +234,18 @@ def test_the_host_check_sets_each_sweep_runs_measured_stretch_beside_the_host_mo
     machine added, 2 / 1.1 and 1. Under the per-core law (the profile's) every step stretches 2 / 1.3
     (2 / 1.1 with the other work). A run recorded without its wall time is left out."""
     host = {"cores": 2, "replicas": 2, "path_processes": 5, "law": "fluid"}
+    host |= {"idle_cores": 0.1, "cpu_s_per_token": 0.002, "cpu_s_per_step": 0.004}
     run = {
         "wall_s": 10.0,
         "engine_cpu_s": 8.0,
         "step_time_s": 16.0,
         "stack_cores": 1.5,
         "machine_busy_cores": 1.7,
+        "generated_tokens": 480,  # 10 requests of max_tokens 48, 48 tokens and 50 steps a second
+        "steps": 500,
     }
     old = {k: v for k, v in run.items() if k != "wall_s"}
-    serving = {"engine_sweep": ["engine_c2_p48", "engine_c4_p48"]}
+    serving = {"engine_sweep": ["engine_c2_p48", "engine_c4_p48"], "max_tokens": 48}
     serving["engine_steps"] = {"engine_c2_p48": run, "engine_c4_p48": old}
     checked = {
         "engine_c2_p48": {
@@ -239,6 +253,7 @@ def test_the_host_check_sets_each_sweep_runs_measured_stretch_beside_the_host_mo
             "model": round(0.8 * 2 / 1.3 + 0.2, 3),
             "model_with_other_work": round(0.8 * 2 / 1.1 + 0.2, 3),
             "serving_load_cores": 0.7,
+            "serving_load_model_cores": round(0.1 + 48 * 0.002 + 50 * 0.004, 3),  # the host block's, beside
             "other_work_cores": 0.2,
             "engines_stepping": 0.8,
         }
@@ -254,6 +269,7 @@ def test_the_host_check_sets_each_sweep_runs_measured_stretch_beside_the_host_mo
     assert host_check(serving, host, 0.020) == {
         "engine_c2_p48": {
             **checked["engine_c2_p48"],
+            "serving_load_model_cores": round(0.1 + 1 * 0.015 + 48 * 0.002 + 50 * 0.004, 3),
             "path_ms": 31.0,
             "path_model_ms": round((0.005 + 0.015 * (0.64 * 2 / 1.3 + 0.36)) * 1e3, 2),
             "path_at_measured_stretch_ms": 35.0,
@@ -318,7 +334,7 @@ def test_open_loop_runs_measure_the_paths_remainder_by_the_requests_open_as_each
     host |= {"cpu_s_per_request": 0.012, "replica_cpu_s_per_request": 0.003}
     host |= {"cpu_s_per_token": 0.001, "replica_cpu_s_per_token": 0.0001}
     steps = {"wall_s": 60.0, "engine_cpu_s": 40.0, "step_time_s": 60.0, "stack_cores": 1.4}
-    steps["machine_busy_cores"] = 1.4
+    steps |= {"machine_busy_cores": 1.4, "generated_tokens": 1000, "steps": 3000}
     inbound = {1: 0.020, 2: 0.030, 3: 0.050, 4: 0.090}
     rows, back = [], 0.006
 
@@ -352,6 +368,49 @@ def test_open_loop_runs_measure_the_paths_remainder_by_the_requests_open_as_each
     # Ways back: every engine made its first token before the next of its burst was sent.
     assert tables["path_back_beyond"] == [[n, round(back - model_back, 5)] for n in (1, 2, 3)]
     assert open_loop_beyond(serving["arrival_runs"], {}) == []  # no model of the run: nothing
+
+
+def test_the_paths_cpu_per_token_and_per_step_are_fitted_to_the_runs_loads():
+    """Runs whose serving load was made by known costs: 0.2 idle cores, 15 ms per request (its path's 12
+    and its replica's 3), 0.9 ms per token (its replica's 0.1 of it) and 2.5 ms per engine step. Sweep
+    runs count a request per max_tokens of their tokens, open-loop runs their recorded requests. The fit
+    recovers the path's per token (the replicas' left as measured) and per step; a run without its wall
+    is left out; with fewer than three runs there is no fit; a fit that wants a negative term drops it."""
+    host = {"idle_cores": 0.2, "cpu_s_per_request": 0.012, "replica_cpu_s_per_request": 0.003}
+    host |= {"replica_cpu_s_per_token": 0.0001}
+
+    def run(requests: float, tokens: float, steps: float, wall: float = 10.0) -> dict:
+        load = 0.2 + (requests * 0.015 + tokens * 0.0009 + steps * 0.0025) / wall
+        return {
+            "wall_s": wall,
+            "generated_tokens": tokens,
+            "steps": steps,
+            "engine_cpu_s": 9.0,
+            "stack_cores": load + 9.0 / wall,
+        }
+
+    steps = {
+        "engine_c2_p48": run(24, 1152, 1300),
+        "engine_c8_p48": run(24, 1152, 800),
+        "engine_c12_p48": run(24, 1152, 600, wall=4.0),
+        "arrivals_r2": run(30, 900, 900, wall=20.0),
+        "engine_c4_p48": {k: v for k, v in run(24, 1152, 1000).items() if k != "wall_s"},
+    }
+    serving = {"engine_sweep": [k for k in steps if k.startswith("engine")], "max_tokens": 48}
+    serving |= {"arrival_runs": {"arrivals_r2": {"requests": [[0.0]] * 30}}, "engine_steps": steps}
+    assert set(run_rates(serving)) == {"engine_c2_p48", "engine_c8_p48", "engine_c12_p48", "arrivals_r2"}
+    assert run_rates(serving)["arrivals_r2"]["requests_per_s"] == 1.5
+    fit = path_load_fit(serving, host)
+    assert fit == {
+        "cpu_s_per_token": pytest.approx(0.0008, abs=1e-6),
+        "cpu_s_per_step": pytest.approx(0.0025),
+    }
+    serving["engine_sweep"] = ["engine_c2_p48"]
+    assert path_load_fit(serving, host) == {}
+    # y = 2 x0 - x1 wants a negative per step: the per-token-only fit, through the origin.
+    rows, ys = [(1.0, 1.0), (2.0, 1.0), (3.0, 2.0)], [1.0, 3.0, 4.0]
+    assert nonnegative_fit(rows, ys) == pytest.approx((19 / 14, 0.0))
+    assert nonnegative_fit([(1.0, 2.0), (2.0, 1.0)], [5.0, 4.0]) == pytest.approx((1.0, 2.0))
 
 
 def test_with_each_requests_way_in_the_path_splits_into_in_and_back():

@@ -157,6 +157,34 @@ def test_serving_load_is_its_cpu_at_the_recent_rate_and_decays():
     assert host.stretch(1.0) == pytest.approx(3 / 2)
 
 
+def test_each_engine_step_adds_its_cpu_to_the_serving_load_beside_its_tokens():
+    cost = HostCost(cores=2, replicas=2, idle_cores=0.1, cpu_s_per_token=0.001, cpu_s_per_step=0.003)
+    host = Host(cost)
+    host.serve(1.0, tokens=4, steps=1)  # one step's 4 tokens: 0.004 + 0.003 CPU seconds
+    assert host.load(1.0) == pytest.approx(0.1 + 0.007)
+    # At steady rates the load settles to load_at's: 50 steps of 4 tokens a second.
+    for k in range(1, 2001):
+        host.serve(1.0 + k / 50, tokens=4, steps=1)
+    settled = cost.load_at(0.0, 200.0, 50.0)
+    assert settled == pytest.approx(0.1 + 0.2 + 0.15)
+    assert host.load(41.0) == pytest.approx(settled, rel=0.02)
+
+
+def test_in_the_cluster_every_step_on_a_host_counts_once_in_its_serving_load(monkeypatch):
+    counted = []
+    serve = Host.serve
+
+    def counting(self, now, requests=0, tokens=0, steps=0):
+        counted.append(steps)
+        serve(self, now, requests, tokens, steps)
+
+    monkeypatch.setattr(Host, "serve", counting)
+    cost = HostCost(cores=2, replicas=3, idle_cores=0.2, cpu_s_per_token=0.001, cpu_s_per_step=0.002)
+    cluster, _ = simulate("sla", profile=small_profile(host=cost))
+    steps = sum(x.counters.steps for x in cluster.all_replicas())
+    assert sum(counted) == steps > 0
+
+
 def test_replicas_share_a_host_as_the_profile_places_them_and_a_replacement_takes_its_place():
     cost = HostCost(cores=2, replicas=2)
     config = ClusterConfig(

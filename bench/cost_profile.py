@@ -302,9 +302,11 @@ def _fit_steps(out: dict, serving: dict, command: str) -> dict[str, str]:
         SPS_SOURCE: f"{SPS_SOURCE} the engine's own profiled cost table (dspark/cost_table.py) the served "
         f"replicas used in serving_cost's engine sweep ({command}), cache file {Path(table['path']).name}, "
         "fingerprint in `sps_fingerprint`; the smoothed (isotonic) rates",
-        STEP_SOURCE: f"{STEP_SOURCE} non-negative least-squares fit (sim/step_fit.py) of the served "
+        STEP_SOURCE: f"{STEP_SOURCE} least-squares fit (sim/step_fit.py) of the served "
         "engine thread's CPU per step, less its drafting, on (1/SPS(mean tokens per step), 1, decoding "
-        "requests per step, tokens per step), the first term's coefficient being forward_scale (the served "
+        "requests per step, tokens per step), the first three never below 0 and the token term of either "
+        "sign (the table is timed on verify-shaped steps; a prompt chunk's tokens cost less each), the first "
+        "term's coefficient being forward_scale (the served "
         "forward's CPU over the table's wall time, which was timed as the replicas started) over "
         f"serving_cost's engine sweep ({command}; runs "
         f"{', '.join(sweep)}: concurrency x prompt tokens, two replicas at 1 torch thread, closed loop, its "

@@ -6,8 +6,9 @@ tokens over N decoding requests, n of them drafting, takes
     forward_scale / SPS(B) + step_overhead + N request_overhead + B token_overhead
       + (draft_s_per_step + n draft_s_per_request, when anything is drafted)
 
-seconds, times the replica's slow-down factor; a request reaches its replica `request_path_s` after it
-arrives, or, when the profile measured the path's way in (`request_path_in_s`), that long after it
+seconds (token_overhead may be negative: a fitted correction of the table's price per token,
+sim/step_fit.py), times the replica's slow-down factor; a request reaches its replica `request_path_s`
+after it arrives, or, when the profile measured the path's way in (`request_path_in_s`), that long after it
 arrives, and its first token reaches the client the rest of the path after the engine produced it.
 A profile with a `host` block also shares its host's cores with the serving path, whose latency then
 stretches with the host's contention (sim/host.py).
@@ -76,6 +77,12 @@ class Profile:
     def __post_init__(self) -> None:
         if self.forward_scale <= 0:  # a step always runs its forward (and the draft gate divides by it)
             raise ValueError(f"forward_scale must be positive, got {self.forward_scale}")
+        if self.token_overhead_s < 0:  # a correction of the table's price per token (sim/step_fit.py)
+            for b, rate in zip(self.sps_points, self.sps_rates):
+                if self.forward_scale / rate + self.step_overhead_s + b * self.token_overhead_s <= 0:
+                    raise ValueError(
+                        f"token_overhead_s {self.token_overhead_s} makes a step of {b} tokens free"
+                    )
         for domain, row in self.acceptance.items():
             if len(row) < self.gamma or not all(0 <= c <= 1 for c in row):
                 raise ValueError(f"acceptance[{domain!r}] needs {self.gamma} probabilities in [0, 1]")

@@ -15,13 +15,23 @@ thread's CPU time less its drafting (the engine's own drafting seconds at the sh
 time it spent on a CPU: the profile's drafter terms price drafting apart). Each run is one point at its
 mean tokens and requests per step (or two, where the engine counted its steps that ran a prompt chunk
 apart: those and the decode-only rest, `EngineRun.split_counters`, since a run's mean step hides a few
-long prefill steps among many short decode steps); the terms are the non-negative least-squares fit of
-plain CPU per step on (1 / SPS(mean tokens), 1, requests, tokens) over the points, the forward's term
-kept in (a step always runs its forward: a fit that would price it at 0 has let the overheads absorb it,
-and a profile whose forward costs nothing cannot time the draft gate's comparison, which is on the
-table's clock; the fit refuses runs that show no forward cost). A fit needs points that vary both
-(several concurrencies, and a run with longer prompts: at one prompt shape tokens per step move with
-requests per step and the two terms cannot be told apart).
+long prefill steps among many short decode steps); the terms are the least-squares fit of plain CPU per
+step on (1 / SPS(mean tokens), 1, requests, tokens) over the points, the first three never below 0 and
+the token term of either sign, the forward's term kept in (a step always runs its forward: a fit that
+would price it at 0 has let the overheads absorb it, and a profile whose forward costs nothing cannot
+time the draft gate's comparison, which is on the table's clock; the fit refuses runs that show no
+forward cost). A fit needs points that vary both (several concurrencies, and a run with longer prompts:
+at one prompt shape tokens per step move with requests per step and the two terms cannot be told apart).
+
+Why the token term may be negative: the table is timed on verify-shaped steps (requests of gamma + 1
+tokens), while a served prompt chunk runs many tokens of one request, cheaper each. Held at 0 (as it once
+was), the fit on this machine's sweep priced the forward at 0.685 of the table and put 5.8 ms per step
+outside it, where the engines' own forward timers put their decode forwards at 1.3-1.55 of the table and
+their other work at about 1-3 ms a step; free, it prices the forward at 1.46 of the table, 0.9 ms per
+step outside it and -0.15 ms per token (a smaller error: 1.74 against 1.96 ms rms). The split matters
+beyond the step's total: the simulated draft gate weighs drafting against the forward alone, as the
+engine's does (sim/replica.py). A profile whose terms would make a step of any of its table's sizes
+cost nothing is refused (sim/profiles.py Profile).
 
 The drafter's terms (draft_s_per_step + n draft_s_per_request, on a step where n requests draft) are fitted
 alike to runs that draft every round (the draft gate off): the drafting CPU per step on (1, requests).
@@ -121,10 +131,10 @@ def model_s(run: EngineRun, table: Table, terms: dict[str, float]) -> float:
 
 
 def fit_step_terms(runs: Sequence[EngineRun], table: Table) -> dict[str, float]:
-    """The non-negative least-squares terms over `runs` (see the module docstring)."""
+    """The least-squares terms over `runs`, the token term of either sign (see the module docstring)."""
     x = [[forward_s(r, table), 1.0, r.requests_per_step, r.tokens_per_step] for r in runs]
     y = [r.plain_cpu_s / r.steps for r in runs]
-    return dict(zip(TERMS, nonnegative_least_squares(x, y, "requests and tokens", required=(0,))))
+    return dict(zip(TERMS, nonnegative_least_squares(x, y, "requests and tokens", required=(0,), free=(3,))))
 
 
 def fit_draft_terms(runs: Sequence[EngineRun]) -> dict[str, float]:
@@ -135,12 +145,16 @@ def fit_draft_terms(runs: Sequence[EngineRun]) -> dict[str, float]:
 
 
 def nonnegative_least_squares(
-    rows: list[list[float]], y: list[float], varied: str, required: tuple[int, ...] = ()
+    rows: list[list[float]],
+    y: list[float],
+    varied: str,
+    required: tuple[int, ...] = (),
+    free: tuple[int, ...] = (),
 ) -> list[float]:
-    """argmin |y - x c| over c >= 0 (and c > 0 for the `required` columns), exact for a few unknowns:
-    every subset of the columns (holding the required ones) is solved unconstrained, the others held at 0,
-    and the feasible solution of least squared error is kept, which is where the constrained optimum
-    lies."""
+    """argmin |y - x c| over c >= 0 (c > 0 for the `required` columns, any sign for the `free` ones),
+    exact for a few unknowns: every subset of the columns (holding the required ones) is solved
+    unconstrained, the others held at 0, and the feasible solution of least squared error is kept, which
+    is where the constrained optimum lies."""
     x, target = np.array(rows), np.array(y)
     terms = x.shape[1]
     if len(rows) < terms:
@@ -155,7 +169,8 @@ def nonnegative_least_squares(
             coef = np.zeros(terms)
             coef[list(cols)] = np.linalg.lstsq(x[:, cols], target, rcond=None)[0]
             err = float(np.sum((target - x @ coef) ** 2))
-            feasible = coef.min() >= 0 and all(coef[c] > 0 for c in required)
+            bounded = [c for c in range(terms) if c not in free]
+            feasible = coef[bounded].min() >= 0 and all(coef[c] > 0 for c in required)
             if feasible and (best is None or err < best_err - 1e-18):
                 best, best_err = coef, err
     if best is None:

@@ -1,7 +1,10 @@
-"""sim/step_fit.py: the step terms fitted to engine runs recover known terms exactly, stay non-negative,
-and refuse runs that cannot tell the terms apart; the fitted forward_scale times the simulated step."""
+"""sim/step_fit.py: the step terms fitted to engine runs recover known terms exactly, the costs stay
+non-negative (the token term, a correction, may not), and refuse runs that cannot tell the terms apart;
+the fitted forward_scale times the simulated step."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -51,20 +54,22 @@ def test_a_run_is_one_point_at_its_mean_step():
     assert model_s(run, TABLE, TERMS) == pytest.approx(0.85 / 600 + 0.0021 + 2.5 * 0.00065 + 4 * 0.00004)
 
 
-def test_a_term_the_runs_would_make_negative_is_held_at_zero_and_the_others_refitted():
-    """Runs cheaper per token than the table says: the unconstrained fit's token term is negative; the
-    fit holds it at 0 and recovers the other two, which alone explain runs made without a token term."""
+def test_runs_cheaper_per_token_than_the_table_give_a_negative_token_term_and_keep_the_others():
+    """Runs cheaper per token than the table says (the table is timed on verify-shaped steps; a served
+    prompt chunk's tokens cost less each): the token term, a correction of the table's price per token,
+    comes out negative and the other terms are recovered. The other terms are costs and stay >= 0: runs
+    that would make the per-request term negative get it at 0 and the rest refitted."""
     truth = {**TERMS, "token_overhead_s": 0.0}
     runs = runs_from(truth)
-    fitted = fit_step_terms(runs, TABLE)
-    assert fitted == pytest.approx(truth, abs=1e-12)
+    assert fit_step_terms(runs, TABLE) == pytest.approx(truth, abs=1e-12)
     cheaper = [
         EngineRun(r.steps, r.forward_tokens, r.rounds, r.cpu_s - 0.00002 * r.forward_tokens) for r in runs
     ]
-    fitted = fit_step_terms(cheaper, TABLE)
-    assert fitted["token_overhead_s"] == 0.0
-    assert min(fitted.values()) >= 0.0
-    assert fitted["step_overhead_s"] > 0 and fitted["request_overhead_s"] > 0
+    assert fit_step_terms(cheaper, TABLE) == pytest.approx({**truth, "token_overhead_s": -0.00002}, abs=1e-12)
+    fewer = [EngineRun(r.steps, r.forward_tokens, r.rounds, r.cpu_s - 0.001 * r.rounds) for r in runs]
+    fitted = fit_step_terms(fewer, TABLE)
+    assert fitted["request_overhead_s"] == 0.0
+    assert min(v for k, v in fitted.items() if k != "token_overhead_s") >= 0.0
 
 
 def test_the_forward_term_is_kept_where_the_overheads_could_absorb_it():
@@ -249,3 +254,14 @@ def test_a_run_whose_engine_counted_its_prefill_steps_apart_is_two_points_that_f
     assert EngineRun.split_counters(plain) == [EngineRun.from_counters(plain)]
     none = {**counters[0], "prefill_steps": 0}
     assert EngineRun.split_counters(none) == [EngineRun.from_counters(none)]
+
+
+def test_a_profile_whose_negative_token_term_makes_a_step_free_is_refused():
+    from sim.profiles import load
+
+    profile = load("cpu_measured")
+    assert profile.token_overhead_s < 0  # the committed fit's correction
+    largest = profile.sps_points[-1]
+    free = -(profile.forward_scale / profile.sps_rates[-1] + profile.step_overhead_s) / largest
+    with pytest.raises(ValueError, match="makes a step of [0-9]+ tokens free"):
+        dataclasses.replace(profile, token_overhead_s=free)

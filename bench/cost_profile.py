@@ -287,6 +287,14 @@ def _fit_steps(out: dict, serving: dict, command: str) -> dict[str, str]:
     terms = {k: round(v, 9) for k, v in step_fit.fit_step_terms(points, cost).items()}
     out.update(terms)
     ratios = ", ".join(f"{r:.3f}" for r in step_fit.cpu_over_model(points, cost, terms))
+    timed = ", ".join(f"{r:.2f}" for r in forward_over_model(serving, sweep, cost, terms["forward_scale"]))
+    timers = (
+        "the engines' own forward timers (their forward's wall at the CPU share of their steps') over the "
+        f"fitted forward at each run's mean step, per run: {timed} (a check of the split between the "
+        "forward and the rest, which the fit alone cannot see); "
+        if timed
+        else ""
+    )
     split = len(points) > len(runs)
     per = (
         "each run's steps that ran a prompt chunk and its decode-only steps as two points (the engine counts "
@@ -311,12 +319,28 @@ def _fit_steps(out: dict, serving: dict, command: str) -> dict[str, str]:
         f"serving_cost's engine sweep ({command}; runs "
         f"{', '.join(sweep)}: concurrency x prompt tokens, two replicas at 1 torch thread, closed loop, its "
         f"own held-out prompts, never the validation's trace; {per}); {over} CPU over the fitted model "
-        f"{ratios}; "
-        f"the engines drafted {int(drafted)} of {int(forward)} forward tokens there (their draft gate "
+        f"{ratios}; {timers}the engines drafted {int(drafted)} of {int(forward)} forward tokens there "
+        "(their draft gate "
         f"declines most rounds on this machine), and drafting took {draft_share:.1%} of their CPU (the "
         "engine's drafting seconds at its CPU share of the steps' wall), taken out: the drafter terms "
         "price drafting apart",
     }
+
+
+def forward_over_model(serving: dict, labels: list[str], table, forward_scale: float) -> list[float]:
+    """Each run's forward CPU per step as the engines timed it (their forward's wall, forward_time_s, at
+    the CPU share of their steps' wall) over the fitted forward at its mean step, forward_scale /
+    SPS(mean tokens); runs without the timer are left out."""
+    out = []
+    for label in labels:
+        counters = serving["engine_steps"][label]
+        if not counters.get("forward_time_s") or not counters.get("step_time_s"):
+            continue
+        run = step_fit.EngineRun.from_counters(counters)
+        share = min(1.0, counters["engine_cpu_s"] / counters["step_time_s"])
+        timed = counters["forward_time_s"] * share / run.steps
+        out.append(timed / (forward_scale * step_fit.forward_s(run, table)))
+    return out
 
 
 def _fit_drafter(out: dict, serving: dict, command: str) -> dict[str, str]:

@@ -400,9 +400,15 @@ def _engine_table(path: str | None = None) -> dict | None:
 
 
 def _run_sim(
-    trace: list[Request], table: dict | None, profile: Profile, host: str = "path", replicas: int = 2
+    trace: list[Request],
+    table: dict | None,
+    profile: Profile,
+    host: str = "path",
+    replicas: int = 2,
+    warm: list[tuple[int, ...]] = (),
 ) -> tuple[list[Request], list]:
-    """The trace on simulated replicas (two, as served); `host`: a SIM_VARIANTS host model."""
+    """The trace on simulated replicas (two, as served); `host`: a SIM_VARIANTS host model; `warm`:
+    prompts every replica's prefix cache holds at the start (SimReplica.warm)."""
     cost = profile.host
     if cost is not None and host != "path":
         cost = None if host == "none" else dataclasses.replace(cost, path_stretches=False)
@@ -436,6 +442,8 @@ def _run_sim(
         router="sla",
     )
     cluster = Cluster(config, requests)
+    for replica in cluster.replicas:
+        replica.warm(list(warm))
     cluster.run(trace[-1].arrival + 600.0 if trace else 0.0)
     return requests, cluster.all_replicas()
 

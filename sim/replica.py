@@ -179,6 +179,18 @@ class SimReplica:
         req.replica = self.replica_id
         return None
 
+    def warm(self, prompts: list[tuple[int, ...]]) -> None:
+        """Cache these prompts' pages as a replica that served them before would hold them (prefilled,
+        offered to the cache and released: evictable, not in use); no counter moves."""
+        if not self.pages.prefix_caching:
+            return
+        for i, prompt in enumerate(prompts):
+            key = f"warm-{i}"
+            self.pages.reserve(key, len(prompt) + 1, prompt)
+            self.pages.ensure(key, len(prompt))
+            self.pages.publish(key, len(prompt))
+            self.pages.release(key)
+
     def set_draft_budget(self, budget: DraftBudget) -> None:
         self.budget = budget
 

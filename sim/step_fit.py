@@ -28,7 +28,9 @@ tokens), while a served prompt chunk runs many tokens of one request, cheaper ea
 was), the fit on this machine's sweep priced the forward at 0.685 of the table and put 5.8 ms per step
 outside it, where the engines' own forward timers put their decode forwards at 1.3-1.55 of the table and
 their other work at about 1-3 ms a step; free, it prices the forward at 1.46 of the table, 0.9 ms per
-step outside it and -0.15 ms per token (a smaller error: 1.74 against 1.96 ms rms). The split matters
+step outside it and -0.15 ms per token (a smaller error: 1.74 against 1.96 ms rms), and the engines'
+forward timers read 0.81-1.18 of its forward per run (1.7-2.5 of the other's; bench/cost_profile.py
+forward_over_model, in the profile's source). The split matters
 beyond the step's total: the simulated draft gate weighs drafting against the forward alone, as the
 engine's does (sim/replica.py). A profile whose terms would make a step of any of its table's sizes
 cost nothing is refused (sim/profiles.py Profile).

@@ -462,3 +462,15 @@ def test_a_path_run_with_its_way_in_writes_request_path_in_s_and_says_so():
     unsplit = {k: v for k, v in path.items() if k not in ("request_path_in_s", "request_path_back_s")}
     again = derive_profile(fresh, {**serving, "path": unsplit}, serve, "cmd")
     assert "request_path_in_s" not in again and from_dict(again).request_path_in_s is None
+
+
+def test_the_engines_forward_timers_are_set_beside_the_fitted_forward():
+    """A run of 100 one-token steps whose engine was on a CPU half its steps' wall and timed 1.2 s of
+    forward: 6 ms of forward CPU a step, against the fitted 1.2 x 1/200 s. A run without the timer is
+    left out."""
+    from bench.cost_profile import forward_over_model
+
+    run = {"steps": 100, "forward_tokens": 100, "rounds": 100, "engine_cpu_s": 1.0, "step_time_s": 2.0}
+    serving = {"engine_steps": {"a": {**run, "forward_time_s": 1.2}, "b": run}}
+    assert forward_over_model(serving, ["a", "b"], lambda b: 200.0, 1.2) == pytest.approx([1.0])
+    assert forward_over_model(serving, ["a"], lambda b: 200.0, 0.6) == pytest.approx([2.0])

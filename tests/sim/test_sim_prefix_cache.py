@@ -134,3 +134,19 @@ def test_the_sla_router_sends_a_long_shared_prompt_where_it_is_cached():
 
     assert all(second_goes_with_the_first(True, seed) for seed in range(6))
     assert not all(second_goes_with_the_first(False, seed) for seed in range(6))
+
+
+def test_a_warmed_replica_holds_the_prompts_pages_as_one_that_served_them_before():
+    replica = SimReplica("r", caching_profile(), seed=1)
+    free = replica.pages.num_free_pages
+    replica.warm([prompt(7, 50), prompt(8, 48)])
+    # Nothing in use and no counter moved; the pages are cached (evictable) and named in its stats.
+    assert replica.pages.num_free_pages == free and not replica.seqs
+    assert replica.counters.prompt_tokens == replica.counters.cached_prompt_tokens == 0
+    stats = snapshot(replica, RecentRounds(), 1.0)["prefix_cache"]
+    assert set(route_hashes(prompt(8, 48), 16)) <= set(stats["hashes"])
+    assert replica.admit(request(0, prompt(8, 48))) is None and replica.seqs[0].computed == 32
+    assert replica.admit(request(1, prompt(7, 50))) is None and replica.seqs[1].computed == 48
+    uncached = SimReplica("u", small_profile(kv_pages=256), seed=1)
+    uncached.warm([prompt(7, 50)])
+    assert uncached.admit(request(0, prompt(7, 50))) is None and uncached.seqs[0].computed == 0

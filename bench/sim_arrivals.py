@@ -1,0 +1,209 @@
+"""The simulator on bench/serving_cost.py's open-loop runs: the same requests, real beside simulated.
+
+serving_cost's measurement (bench/results/serving_cost.json) records every request of its open-loop runs
+(Poisson arrivals at 2 and 4 per second for 40 s, its held-out prompts of 48 tokens in turn, 48 tokens
+each): when it was sent, its first token and its end at the client, and its replica's way in, queue and
+prefill. This runs the same requests (send times, the prompts' token ids for the prefix caches, their
+lengths) on two simulated replicas of the profile derived from that measurement
+(sim/profiles/cpu_measured.json, over the SPS table the served replicas used; bench/sim_validate.py
+_run_sim) and sets side by side, per run: TTFT and TPOT p50 / p90 / p99, TTFT's parts (way in, queue,
+prefill) and the engines' steps (steps, mean step wall, tokens and decoding requests per step, the
+stretch of their steps on the host, drafted and accepted tokens).
+
+Not a validation on unseen work: the profile's serving-path remainder (path_in_beyond, path_back_beyond)
+was measured on these very runs (bench/cost_profile.py open_loop_beyond) and its step terms on the same
+measurement's closed-loop sweep. What it shows is the engine side at two loads: where the simulated
+engines' steps part from the real ones' as the load grows (the validation, bench/sim_validate.py, runs
+at one).
+
+    python bench/sim_arrivals.py [--models models] [--measurement M] [--out bench/results/sim_arrivals.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script from anywhere
+
+from bench.sim_validate import _engine_table, _run_sim  # noqa: E402
+from sim.profiles import load  # noqa: E402
+from sim.workload import Request  # noqa: E402
+
+MEASUREMENT = REPO / "bench" / "results" / "serving_cost.json"
+QUANTILES = (50, 90, 99)
+
+
+def quantiles(values: Sequence[float]) -> dict[str, float | None]:
+    """p50 / p90 / p99 in milliseconds (None for no values)."""
+    return {
+        f"p{q}_ms": round(float(np.percentile(values, q)) * 1e3, 2) if values else None for q in QUANTILES
+    }
+
+
+def trace_of(run: dict, prompts: Sequence[tuple[int, ...]], domains: Sequence[str], max_tokens: int):
+    """An open-loop run's requests (serving_cost arrival_runs entry) as a simulator trace: each at its send
+    time, with the prompt it was sent (the run's prompts in turn, as bench/serving_cost.py's
+    _drive_arrivals deals them) and its max_tokens (ignore_eos: each ran to it)."""
+    rows = [dict(zip(run["columns"], row)) for row in run["requests"]]
+    trace = [
+        Request(
+            rid=i,
+            arrival=row["sent_s"],
+            prompt_tokens=len(prompts[i % len(prompts)]),
+            max_tokens=max_tokens,
+            sla_class="standard",
+            domain=domains[i % len(domains)],
+            prompt_ids=prompts[i % len(prompts)],
+        )
+        for i, row in enumerate(rows)
+    ]
+    return sorted(trace, key=lambda r: r.arrival), rows
+
+
+def real_side(rows: list[dict], max_tokens: int) -> dict:
+    """The run's requests as the client and their replicas saw them."""
+    timed = [r for r in rows if r["inbound_s"] is not None]
+    return {
+        "ttft": quantiles([r["first_token_s"] - r["sent_s"] for r in rows]),
+        "tpot": quantiles([(r["end_s"] - r["first_token_s"]) / (max_tokens - 1) for r in rows]),
+        "inbound": quantiles([r["inbound_s"] for r in timed]),
+        "queue": quantiles([r["queue_s"] for r in timed]),
+        "prefill": quantiles([r["prefill_s"] for r in timed]),
+    }
+
+
+def sim_side(requests: list[Request]) -> dict:
+    """The simulated requests, in the same terms (their way in: arrival to admitted at the replica)."""
+    done = [r for r in requests if r.outcome == "done"]
+    parts = [r.ttft_parts for r in done if r.ttft_parts is not None]
+    return {
+        "ttft": quantiles([r.ttft for r in done]),
+        "tpot": quantiles([r.tpot for r in done if r.generated > 1]),
+        "inbound": quantiles([r.admitted - r.arrival for r in done]),
+        "queue": quantiles([p[1] for p in parts]),
+        "prefill": quantiles([p[2] for p in parts]),
+        "unfinished": len(requests) - len(done),
+    }
+
+
+def steps_view(steps: float, step_s: float, cpu_s: float, tokens: float, rounds: float, drafted, accepted):
+    return {
+        "steps": int(steps),
+        "mean_step_ms": round(step_s / steps * 1e3, 2),
+        "tokens_per_step": round(tokens / steps, 2),
+        "requests_per_step": round(rounds / steps, 2),
+        "stretch": round(step_s / cpu_s, 3),
+        "drafted_tokens": int(drafted),
+        "accepted_tokens": int(accepted),
+    }
+
+
+def real_steps(counters: dict) -> dict:
+    """The engines' counters over the run (their CPU: the steps' time on a CPU)."""
+    keys = ("steps", "step_time_s", "engine_cpu_s", "forward_tokens", "rounds", "drafted_tokens")
+    return steps_view(*(counters[k] for k in keys), counters["accepted_tokens"])
+
+
+def sim_steps(replicas: list) -> dict:
+    """The simulated replicas' counters summed (their CPU: the steps' time alone)."""
+    keys = ("steps", "step_time_s", "alone_time_s", "forward_tokens", "rounds", "drafted_tokens")
+    keys += ("accepted_tokens",)
+    return steps_view(*(sum(getattr(r.counters, k) for r in replicas) for k in keys))
+
+
+def compare_runs(measurement: dict, prompts: Sequence[tuple[int, ...]], domains: Sequence[str]) -> dict:
+    """Every open-loop run of the measurement, real beside simulated (on the committed profile)."""
+    serving = measurement["serving"]
+    table = _engine_table((serving.get("sps_table") or {}).get("path"))
+    profile = load("cpu_measured")
+    out = {}
+    for label, run in (serving.get("arrival_runs") or {}).items():
+        trace, rows = trace_of(run, prompts, domains, serving["max_tokens"])
+        # The measurement's closed-loop runs sent the same prompts to the same replicas before these runs
+        # (their forward tokens show it: about a page a request, the rest cached): the simulated
+        # replicas start with them cached too.
+        requests, replicas = _run_sim(trace, table, profile, warm=list(prompts))
+        out[label] = {
+            "rate": run["rate"],
+            "requests": len(rows),
+            "real": {
+                **real_side(rows, serving["max_tokens"]),
+                "engines": real_steps(serving["engine_steps"][label]),
+            },
+            "sim": {**sim_side(requests), "engines": sim_steps(replicas)},
+        }
+    return out
+
+
+def prompts_of(models: Path, requests: int, length: int) -> tuple[list[tuple[int, ...]], list[str]]:
+    """bench/serving_cost.py's prompts (its `requests` held-out prompts of `length` tokens, code then
+    prose) as the engine tokenizes them, and their domains."""
+    from transformers import AutoTokenizer
+
+    from drafter_service.demo.corpus import heldout_prompts
+
+    tokenizer = AutoTokenizer.from_pretrained(models / "target")
+    half = requests // 2
+    texts = heldout_prompts("code", requests - half, length, tokenizer)
+    texts += heldout_prompts("prose", half, length, tokenizer)
+    ids = [tuple(tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+    return ids, ["code"] * (requests - half) + ["prose"] * half
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        f"Open-loop runs of {result['measurement']}, real beside simulated (`{result['command']}`), ms:",
+        "",
+        "| run | side | TTFT p50 / p90 / p99 | TPOT p50 / p90 / p99 | way in p50 / p99 | queue p50 / p99 "
+        "| prefill p50 / p99 | steps | mean step | tokens / step | stretch | drafted |",
+        "|---|---|---|---|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for label, run in result["runs"].items():
+        for side in ("real", "sim"):
+            s, e = run[side], run[side]["engines"]
+
+            def q(part: str, keys: tuple = ("p50_ms", "p90_ms", "p99_ms"), s: dict = s) -> str:
+                return " / ".join(f"{s[part][k]:.1f}" for k in keys)
+
+            two = ("p50_ms", "p99_ms")
+            lines.append(
+                f"| {label} | {side} | {q('ttft')} | {q('tpot')} | {q('inbound', two)} | {q('queue', two)} "
+                f"| {q('prefill', two)} | {e['steps']} | {e['mean_step_ms']} | {e['tokens_per_step']} "
+                f"| {e['stretch']} | {e['drafted_tokens']} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", type=Path, default=REPO / "models")
+    p.add_argument("--measurement", type=Path, default=MEASUREMENT)
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "sim_arrivals.json")
+    args = p.parse_args(argv)
+    measurement = json.loads(args.measurement.read_text())
+    serving = measurement["serving"]
+    if not serving.get("arrival_runs"):
+        raise SystemExit(f"{args.measurement} has no open-loop runs (bench/serving_cost.py --arrivals)")
+    prompts, domains = prompts_of(args.models, serving["requests"], 48)
+    command = "python bench/sim_arrivals.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    result = {
+        "command": command.strip(),
+        "measurement": f"{args.measurement.name} ({measurement.get('command')}, "
+        f"{measurement.get('measured_at')})",
+        "runs": compare_runs(measurement, prompts, domains),
+    }
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+    print("wrote", args.out, args.out.with_suffix(".md"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""bench/sim_arrivals.py: serving_cost's open-loop runs as a simulator trace, and both sides in one view."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.sim_arrivals import markdown, quantiles, real_side, sim_side, steps_view, trace_of
+from sim.workload import Request
+
+COLUMNS = ["sent_s", "first_token_s", "end_s", "inbound_s", "queue_s", "prefill_s"]
+
+
+def test_a_run_becomes_its_requests_at_their_send_times_with_the_prompts_in_turn():
+    rows = [
+        [0.5, 0.6, 1.5, 0.02, 0.01, 0.03],
+        [0.2, 0.3, 1.0, None, None, None],
+        [0.9, 1.0, 2.0, 0.02, 0.0, 0.02],
+    ]
+    prompts = [(1, 2, 3), (4, 5)]
+    trace, records = trace_of({"columns": COLUMNS, "requests": rows}, prompts, ["code", "prose"], 10)
+    assert [r.rid for r in trace] == [1, 0, 2]  # by send time; the i-th sent the i-th prompt in turn
+    assert [r.prompt_ids for r in trace] == [(4, 5), (1, 2, 3), (1, 2, 3)]
+    assert [r.domain for r in trace] == ["prose", "code", "code"]
+    assert all(r.max_tokens == 10 and r.prompt_tokens == len(r.prompt_ids) for r in trace)
+    real = real_side(records, 11)
+    assert real["ttft"]["p50_ms"] == pytest.approx(100.0)
+    assert real["tpot"]["p50_ms"] == pytest.approx(90.0)  # (1.5 - 0.6) / 10
+    assert real["queue"] == quantiles([0.01, 0.0])  # requests without their replica's timing left out
+
+
+def test_the_simulated_side_reads_its_requests_parts_and_counts_the_unfinished():
+    done = Request(0, 1.0, 8, 5, "standard", "code", first_token=1.2, finish=1.6, generated=5, outcome="done")
+    done.admitted, done.scheduled, done.path_back = 1.05, 1.1, 0.02
+    pending = Request(1, 2.0, 8, 5, "standard", "code")
+    side = sim_side([done, pending])
+    assert side["unfinished"] == 1
+    assert side["ttft"]["p50_ms"] == pytest.approx(200.0) and side["tpot"]["p50_ms"] == pytest.approx(100.0)
+    assert side["inbound"]["p50_ms"] == pytest.approx(50.0)
+    assert side["queue"]["p50_ms"] == pytest.approx(50.0) and side["prefill"]["p50_ms"] == pytest.approx(80.0)
+
+
+def test_both_sides_render_as_one_table_row_each():
+    side = {k: quantiles([0.01, 0.02]) for k in ("ttft", "tpot", "inbound", "queue", "prefill")}
+    engines = steps_view(100, 2.0, 1.0, 150, 120, 7, 3)
+    assert engines == {
+        "steps": 100,
+        "mean_step_ms": 20.0,
+        "tokens_per_step": 1.5,
+        "requests_per_step": 1.2,
+        "stretch": 2.0,
+        "drafted_tokens": 7,
+        "accepted_tokens": 3,
+    }
+    run = {"real": {**side, "engines": engines}, "sim": {**side, "engines": engines}}
+    text = markdown({"measurement": "m", "command": "c", "runs": {"arrivals_r2": run}})
+    assert text.count("| arrivals_r2 |") == 2 and "| 100 | 20.0 | 1.5 | 2.0 | 7 |" in text

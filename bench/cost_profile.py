@@ -284,7 +284,8 @@ def _fit_steps(out: dict, serving: dict, command: str) -> dict[str, str]:
     out["sps"] = {"points": list(table["points"]), "rates": list(table["rates"])}
     out["sps_fingerprint"] = table.get("fingerprint") or out.get("sps_fingerprint")
     cost = from_dict(out).cost_table()
-    terms = {k: round(v, 9) for k, v in step_fit.fit_step_terms(points, cost).items()}
+    scale = step_fit.fit_forward_scale(runs, cost)
+    terms = {k: round(v, 9) for k, v in step_fit.fit_step_terms(points, cost, scale).items()}
     out.update(terms)
     ratios = ", ".join(f"{r:.3f}" for r in step_fit.cpu_over_model(points, cost, terms))
     timed = ", ".join(f"{r:.2f}" for r in forward_over_model(serving, sweep, cost, terms["forward_scale"]))
@@ -310,12 +311,7 @@ def _fit_steps(out: dict, serving: dict, command: str) -> dict[str, str]:
         SPS_SOURCE: f"{SPS_SOURCE} the engine's own profiled cost table (dspark/cost_table.py) the served "
         f"replicas used in serving_cost's engine sweep ({command}), cache file {Path(table['path']).name}, "
         "fingerprint in `sps_fingerprint`; the smoothed (isotonic) rates",
-        STEP_SOURCE: f"{STEP_SOURCE} least-squares fit (sim/step_fit.py) of the served "
-        "engine thread's CPU per step, less its drafting, on (1/SPS(mean tokens per step), 1, decoding "
-        "requests per step, tokens per step), the first three never below 0 and the token term of either "
-        "sign (the table is timed on verify-shaped steps; a prompt chunk's tokens cost less each), the first "
-        "term's coefficient being forward_scale (the served "
-        "forward's CPU over the table's wall time, which was timed as the replicas started) over "
+        STEP_SOURCE: f"{STEP_SOURCE} {_fit_source(scale)} over "
         f"serving_cost's engine sweep ({command}; runs "
         f"{', '.join(sweep)}: concurrency x prompt tokens, two replicas at 1 torch thread, closed loop, its "
         f"own held-out prompts, never the validation's trace; {per}); {over} CPU over the fitted model "
@@ -325,6 +321,27 @@ def _fit_steps(out: dict, serving: dict, command: str) -> dict[str, str]:
         "engine's drafting seconds at its CPU share of the steps' wall), taken out: the drafter terms "
         "price drafting apart",
     }
+
+
+def _fit_source(scale: float | None) -> str:
+    """How the step terms were fitted: forward_scale from the engines' forward timers where the runs
+    carry them, else with the overheads (sim/step_fit.py)."""
+    signs = "the token term of either sign (the table is timed on verify-shaped steps; a prompt chunk's "
+    signs += "tokens cost less each)"
+    if scale is None:
+        return (
+            "least-squares fit (sim/step_fit.py) of the served engine thread's CPU per step, less its "
+            "drafting, on (1/SPS(mean tokens per step), 1, decoding requests per step, tokens per step), the "
+            f"first three never below 0 and {signs}, the first term's coefficient being forward_scale (the "
+            "served forward's CPU over the table's wall time, which was timed as the replicas started)"
+        )
+    return (
+        f"forward_scale {scale:.4f} from the engines' own forward timers (each sweep run's forward wall at "
+        "the CPU share of its steps' wall, per step, on the table's forward at its mean step: "
+        "sim/step_fit.py fit_forward_scale); the overheads a least-squares fit of the served engine "
+        "thread's CPU per step, less its drafting and that forward, on (1, decoding requests per step, "
+        f"tokens per step), the first two never below 0 and {signs}"
+    )
 
 
 def forward_over_model(serving: dict, labels: list[str], table, forward_scale: float) -> list[float]:

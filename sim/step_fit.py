@@ -15,25 +15,31 @@ thread's CPU time less its drafting (the engine's own drafting seconds at the sh
 time it spent on a CPU: the profile's drafter terms price drafting apart). Each run is one point at its
 mean tokens and requests per step (or two, where the engine counted its steps that ran a prompt chunk
 apart: those and the decode-only rest, `EngineRun.split_counters`, since a run's mean step hides a few
-long prefill steps among many short decode steps); the terms are the least-squares fit of plain CPU per
-step on (1 / SPS(mean tokens), 1, requests, tokens) over the points, the first three never below 0 and
-the token term of either sign, the forward's term kept in (a step always runs its forward: a fit that
-would price it at 0 has let the overheads absorb it, and a profile whose forward costs nothing cannot
-time the draft gate's comparison, which is on the table's clock; the fit refuses runs that show no
-forward cost). A fit needs points that vary both (several concurrencies, and a run with longer prompts:
-at one prompt shape tokens per step move with requests per step and the two terms cannot be told apart).
+long prefill steps among many short decode steps); the terms are the least-squares fit, each point
+weighted by its steps, of plain CPU per step on (1 / SPS(mean tokens), 1, requests, tokens) over the
+points, the first three never below 0 and the token term of either sign, the forward's term kept in (a
+step always runs its forward: a fit that would price it at 0 has let the overheads absorb it, and a
+profile whose forward costs nothing cannot time the draft gate's comparison, which is on the table's
+clock; the fit refuses runs that show no forward cost). A fit needs points that vary both (several
+concurrencies, and a run with longer prompts: at one prompt shape tokens per step move with requests per
+step and the two terms cannot be told apart).
+
+Where the runs carry the engines' own forward timers (Engine.step times runner.forward), forward_scale is
+taken from them instead (fit_forward_scale: each run's forward CPU per step on the table's forward at its
+mean step) and the overheads are fitted on the rest. The CPU per step alone cannot tell the forward from
+a fixed cost per step: on this machine's sweeps (sittings of 2026-12-02 07:05 and 09:39) the one-stage
+fit priced the forward at 0.59-0.69 of the table with 3.8-5.8 ms a step outside it, where the timers
+read 1.15-1.36 of the table, leaving 2.0-2.2 ms a step and 0.17-0.28 ms a request. The split matters
+beyond the step's total: the simulated draft gate weighs drafting against the forward alone, as the
+engine's does (sim/replica.py), and with the forward at half its served cost it drafted a third as often
+as the real engines. Weighting by steps makes the fitted steps add up to the runs' CPU (unweighted, the
+few long prompt-chunk points pulled the decode points' fit, and the total fell 3-8 % short).
 
 Why the token term may be negative: the table is timed on verify-shaped steps (requests of gamma + 1
-tokens), while a served prompt chunk runs many tokens of one request, cheaper each. Held at 0 (as it once
-was), the fit on this machine's sweep priced the forward at 0.685 of the table and put 5.8 ms per step
-outside it, where the engines' own forward timers put their decode forwards at 1.3-1.55 of the table and
-their other work at about 1-3 ms a step; free, it prices the forward at 1.46 of the table, 0.9 ms per
-step outside it and -0.15 ms per token (a smaller error: 1.74 against 1.96 ms rms), and the engines'
-forward timers read 0.81-1.18 of its forward per run (1.7-2.5 of the other's; bench/cost_profile.py
-forward_over_model, in the profile's source). The split matters
-beyond the step's total: the simulated draft gate weighs drafting against the forward alone, as the
-engine's does (sim/replica.py). A profile whose terms would make a step of any of its table's sizes
-cost nothing is refused (sim/profiles.py Profile).
+tokens), while a served prompt chunk runs many tokens of one request, cheaper each; with the forward
+priced as served, the prompt chunks' points need that correction (-0.06 to -0.13 ms a token). A profile
+whose terms would make a step of any of its table's sizes cost nothing is refused (sim/profiles.py
+Profile).
 
 The drafter's terms (draft_s_per_step + n draft_s_per_request, on a step where n requests draft) are fitted
 alike to runs that draft every round (the draft gate off): the drafting CPU per step on (1, requests).
@@ -61,14 +67,18 @@ class EngineRun:
     rounds: float
     cpu_s: float
     draft_cpu_s: float = 0.0
+    forward_cpu_s: float | None = None  # its forward's CPU as the engine timed it (None: not timed)
 
     @classmethod
     def from_counters(cls, run: dict) -> EngineRun:
-        """From a bench/serving_cost.py engine run (`engine_steps` entry)."""
+        """From a bench/serving_cost.py engine run (`engine_steps` entry): its drafting and its forward
+        (Engine.step's timer around runner.forward) at the CPU share of its steps' wall."""
         wall = run.get("step_time_s", 0.0)
         on_cpu = min(1.0, run["engine_cpu_s"] / wall) if wall > 0 else 1.0
         draft_cpu = run.get("draft_time_s", 0.0) * on_cpu
-        return cls(int(run["steps"]), run["forward_tokens"], run["rounds"], run["engine_cpu_s"], draft_cpu)
+        forward_cpu = run["forward_time_s"] * on_cpu if run.get("forward_time_s") else None
+        counts = (int(run["steps"]), run["forward_tokens"], run["rounds"], run["engine_cpu_s"])
+        return cls(*counts, draft_cpu, forward_cpu)
 
     @classmethod
     def split_counters(cls, run: dict) -> list[EngineRun]:
@@ -132,11 +142,39 @@ def model_s(run: EngineRun, table: Table, terms: dict[str, float]) -> float:
     )
 
 
-def fit_step_terms(runs: Sequence[EngineRun], table: Table) -> dict[str, float]:
-    """The least-squares terms over `runs`, the token term of either sign (see the module docstring)."""
-    x = [[forward_s(r, table), 1.0, r.requests_per_step, r.tokens_per_step] for r in runs]
-    y = [r.plain_cpu_s / r.steps for r in runs]
-    return dict(zip(TERMS, nonnegative_least_squares(x, y, "requests and tokens", required=(0,), free=(3,))))
+def fit_step_terms(
+    runs: Sequence[EngineRun], table: Table, forward_scale: float | None = None
+) -> dict[str, float]:
+    """The least-squares terms over `runs`, each point weighted by its steps (every step counts once, so
+    the fitted steps add up to the runs' CPU), the token term of either sign (see the module docstring);
+    with `forward_scale` (fit_forward_scale) the overheads alone, on the CPU less that forward."""
+    weights = [r.steps**0.5 for r in runs]
+    if forward_scale is None:
+        x = [[forward_s(r, table), 1.0, r.requests_per_step, r.tokens_per_step] for r in runs]
+        y = [r.plain_cpu_s / r.steps for r in runs]
+        fit = nonnegative_least_squares(*_weighted(x, y, weights), "requests and tokens", (0,), free=(3,))
+        return dict(zip(TERMS, fit))
+    x = [[1.0, r.requests_per_step, r.tokens_per_step] for r in runs]
+    y = [r.plain_cpu_s / r.steps - forward_scale * forward_s(r, table) for r in runs]
+    overheads = nonnegative_least_squares(*_weighted(x, y, weights), "requests and tokens", free=(2,))
+    return dict(zip(TERMS, [forward_scale, *overheads]))
+
+
+def _weighted(x: list[list[float]], y: list[float], weights: list[float]) -> tuple[list, list]:
+    """Rows and targets scaled by the square roots of the points' weights (weighted least squares)."""
+    return [[w * v for v in row] for w, row in zip(weights, x)], [w * v for w, v in zip(weights, y)]
+
+
+def fit_forward_scale(runs: Sequence[EngineRun], table: Table) -> float | None:
+    """forward_scale from the engines' own forward timers: the least-squares ratio (through 0) of each
+    timed run's forward CPU per step to the table's forward at its mean step; None when no run was
+    timed (or the timers show no forward)."""
+    timed = [r for r in runs if r.forward_cpu_s is not None]
+    xs = [forward_s(r, table) for r in timed]
+    ys = [r.forward_cpu_s / r.steps for r in timed]
+    xx = sum(x * x for x in xs)
+    scale = sum(x * y for x, y in zip(xs, ys)) / xx if xx > 0 else 0.0
+    return scale if scale > 0 else None
 
 
 def fit_draft_terms(runs: Sequence[EngineRun]) -> dict[str, float]:

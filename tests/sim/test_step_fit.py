@@ -14,6 +14,7 @@ from sim.step_fit import (
     EngineRun,
     cpu_over_model,
     fit_draft_terms,
+    fit_forward_scale,
     fit_step_terms,
     model_s,
     nonnegative_least_squares,
@@ -265,3 +266,50 @@ def test_a_profile_whose_negative_token_term_makes_a_step_free_is_refused():
     free = -(profile.forward_scale / profile.sps_rates[-1] + profile.step_overhead_s) / largest
     with pytest.raises(ValueError, match="makes a step of [0-9]+ tokens free"):
         dataclasses.replace(profile, token_overhead_s=free)
+
+
+def test_forward_scale_comes_from_the_engines_forward_timers_and_the_overheads_from_the_rest():
+    """Runs whose engines timed their forward at 1.3 x the table: fit_forward_scale reads 1.3 from the
+    timers (from_counters: the forward's wall at the CPU share of the steps' wall), and the overheads
+    fitted on the CPU less that forward come back. The CPU alone would split the same steps otherwise
+    once they are noisy; without timers there is no scale."""
+    truth = {**TERMS, "forward_scale": 1.3}
+    runs = [
+        dataclasses.replace(r, forward_cpu_s=r.steps * 1.3 * step_fit_forward(r)) for r in runs_from(truth)
+    ]
+    scale = fit_forward_scale(runs, TABLE)
+    assert scale == pytest.approx(1.3, rel=1e-12)
+    assert fit_step_terms(runs, TABLE, scale) == pytest.approx(truth, rel=1e-9)
+    assert fit_forward_scale(runs_from(truth), TABLE) is None
+    counters = {"steps": 10, "forward_tokens": 10, "rounds": 10, "engine_cpu_s": 1.0, "step_time_s": 4.0}
+    assert EngineRun.from_counters({**counters, "forward_time_s": 2.0}).forward_cpu_s == pytest.approx(0.5)
+    assert EngineRun.from_counters(counters).forward_cpu_s is None
+
+
+def test_the_fit_weighs_each_point_by_its_steps_so_the_fitted_steps_add_up_to_the_runs_cpu():
+    """Noisy runs (each point's CPU off the model by up to 10 %): weighted by steps, the fitted model's
+    CPU over all steps is the runs' CPU (the constant term's normal equation), which the unweighted fit
+    of the same points misses."""
+    noisy = [
+        dataclasses.replace(r, cpu_s=r.cpu_s * f)
+        for r, f in zip(runs_from(TERMS), (1.1, 0.95, 1.04, 0.9, 1.08))
+    ]
+    noisy[0] = dataclasses.replace(
+        noisy[0], steps=4000, forward_tokens=8000, rounds=4000, cpu_s=noisy[0].cpu_s * 10
+    )
+    for scale in (None, 0.85):
+        fitted = fit_step_terms(noisy, TABLE, scale)
+        modelled = sum(r.steps * model_s(r, TABLE, fitted) for r in noisy)
+        assert modelled == pytest.approx(sum(r.plain_cpu_s for r in noisy), rel=1e-9)
+    x = [[step_fit_forward(r), 1.0, r.requests_per_step, r.tokens_per_step] for r in noisy]
+    plain = dict(
+        zip(TERMS, nonnegative_least_squares(x, [r.plain_cpu_s / r.steps for r in noisy], "", (0,), (3,)))
+    )
+    unweighted = sum(r.steps * model_s(r, TABLE, plain) for r in noisy)
+    assert unweighted != pytest.approx(sum(r.plain_cpu_s for r in noisy), rel=1e-3)
+
+
+def step_fit_forward(run: EngineRun) -> float:
+    from sim.step_fit import forward_s
+
+    return forward_s(run, TABLE)

@@ -138,8 +138,51 @@ def compare_runs(measurement: dict, prompts: Sequence[tuple[int, ...]], domains:
                 "engines": real_steps(serving["engine_steps"][label]),
             },
             "sim": {**sim_side(requests), "engines": sim_steps(replicas)},
+            "paired": paired(rows, requests, serving["max_tokens"]),
         }
     return out
+
+
+def paired(rows: list[dict], requests: list[Request], max_tokens: int) -> dict:
+    """Request by request (the i-th sent is rid i on both sides): how the real TPOT stands to the
+    simulated one (their correlation; the real over the simulated at p10 / p50 / p90) and whether the
+    ratio grows with the requests decoding beside each (its correlation with each request's mean count of
+    requests between their first token and their end, itself included, at ten instants of its own
+    decode), counted on the simulated side and on the real one. The simulated count is the simulator's
+    own concurrency: a ratio that grows with it is concurrency the simulator underprices. The real count
+    also grows wherever the real requests ran slow for any reason (slow requests overlap more)."""
+    by_rid = {r.rid: r for r in requests}
+    pairs = [(row, by_rid[i]) for i, row in enumerate(rows) if by_rid[i].outcome == "done" and by_rid[i].tpot]
+    if len(pairs) < 3:
+        return {}
+    real = np.array([(row["end_s"] - row["first_token_s"]) / (max_tokens - 1) for row, _ in pairs])
+    sim = np.array([req.tpot for _, req in pairs])
+    ratio = real / sim
+    real_spans = [(row["first_token_s"], row["end_s"]) for row, _ in pairs]
+    sim_spans = [(req.first_token, req.finish) for _, req in pairs]
+    return {
+        "tpot_correlation": _correlation(real, sim),
+        "tpot_real_over_sim": [round(float(v), 3) for v in np.percentile(ratio, (10, 50, 90))],
+        "ratio_vs_decoding_beside_sim": _correlation(ratio, decoding_beside(sim_spans)),
+        "ratio_vs_decoding_beside_real": _correlation(ratio, decoding_beside(real_spans)),
+    }
+
+
+def decoding_beside(spans: list[tuple[float, float]]) -> np.ndarray:
+    """Each span's mean count of spans open at ten instants of its own (itself included)."""
+    return np.array(
+        [
+            np.mean([sum(a <= t < b for a, b in spans) for t in np.linspace(first, end, 10, endpoint=False)])
+            for first, end in spans
+        ]
+    )
+
+
+def _correlation(a: np.ndarray, b: np.ndarray) -> float | None:
+    """Pearson's r, None where either side does not vary."""
+    if a.std() == 0 or b.std() == 0:
+        return None
+    return round(float(np.corrcoef(a, b)[0, 1]), 3)
 
 
 def prompts_of(models: Path, requests: int, length: int) -> tuple[list[tuple[int, ...]], list[str]]:
@@ -177,6 +220,19 @@ def markdown(result: dict) -> str:
                 f"| {label} | {side} | {q('ttft')} | {q('tpot')} | {q('inbound', two)} | {q('queue', two)} "
                 f"| {q('prefill', two)} | {e['steps']} | {e['mean_step_ms']} | {e['tokens_per_step']} "
                 f"| {e['stretch']} | {e['drafted_tokens']} |"
+            )
+    lines += [
+        "",
+        "Request by request (bench/sim_arrivals.py paired): TPOT real over simulated, p10 / p50 / p90:",
+    ]
+    for label, run in result["runs"].items():
+        p = run.get("paired") or {}
+        if p:
+            lines.append(
+                f"- {label}: {' / '.join(str(v) for v in p['tpot_real_over_sim'])} (correlation "
+                f"{p['tpot_correlation']}; the ratio's correlation with the requests decoding beside each, "
+                f"counted in the simulator {p['ratio_vs_decoding_beside_sim']}, in the real run "
+                f"{p['ratio_vs_decoding_beside_real']})"
             )
     return "\n".join(lines) + "\n"
 

@@ -54,3 +54,38 @@ def test_both_sides_render_as_one_table_row_each():
     run = {"real": {**side, "engines": engines}, "sim": {**side, "engines": engines}}
     text = markdown({"measurement": "m", "command": "c", "runs": {"arrivals_r2": run}})
     assert text.count("| arrivals_r2 |") == 2 and "| 100 | 20.0 | 1.5 | 2.0 | 7 |" in text
+
+
+def test_pairing_sets_each_requests_real_tpot_beside_its_simulated_one_and_the_company_it_kept():
+    """Two requests decoding alone, real TPOT as simulated; two decoding together, real at twice the
+    simulated: the ratio's p50 between, its correlation with the requests decoding beside each is 1 (and
+    no correlation where one side does not vary)."""
+    from bench.sim_arrivals import paired
+
+    rows, requests = [], []
+    for i, (first, end, factor) in enumerate(
+        [(0.0, 1.0, 1.0), (5.0, 6.0, 1.0), (10.0, 12.0, 2.0), (10.0, 12.0, 2.0)]
+    ):
+        rows.append({"sent_s": first - 0.1, "first_token_s": first, "end_s": end})
+        sim_tpot = (end - first) / 10 / factor
+        requests.append(
+            Request(
+                i,
+                first - 0.1,
+                8,
+                11,
+                "standard",
+                "code",
+                first_token=first,
+                finish=first + 10 * sim_tpot,
+                generated=11,
+                outcome="done",
+            )
+        )
+    requests.append(Request(4, 20.0, 8, 11, "standard", "code"))  # unfinished in the simulator: left out
+    rows.append({"sent_s": 20.0, "first_token_s": 20.1, "end_s": 21.0})
+    p = paired(rows, requests, 11)
+    assert p["tpot_real_over_sim"][1] == pytest.approx(1.5)
+    assert p["ratio_vs_decoding_beside_real"] == pytest.approx(1.0)
+    assert p["ratio_vs_decoding_beside_sim"] == pytest.approx(1.0)  # the same spans on both sides here
+    assert p["tpot_correlation"] is None  # every simulated TPOT is 0.1 s

@@ -57,12 +57,12 @@ def path_load_fit(serving: dict, host: dict) -> dict:
     if len(rates) < 3:
         return {}
     per_request = host["cpu_s_per_request"] + host["replica_cpu_s_per_request"]
-    rows = [(r["tokens_per_s"], r["steps_per_s"]) for r in rates.values()]
+    rows = [[r["tokens_per_s"], r["steps_per_s"]] for r in rates.values()]
     ys = [
         r["serving_load_cores"] - host["idle_cores"] - r["requests_per_s"] * per_request
         for r in rates.values()
     ]
-    per_token, per_step = nonnegative_fit(rows, ys)
+    per_token, per_step = step_fit.nonnegative_least_squares(rows, ys, "tokens and steps per second")
     return {
         "cpu_s_per_token": round(max(0.0, per_token - host["replica_cpu_s_per_token"]), 6),
         "cpu_s_per_step": round(per_step, 6),
@@ -80,43 +80,25 @@ def run_rates(serving: dict) -> dict[str, dict]:
         run = serving["engine_steps"].get(label)
         if run is None or "wall_s" not in run:
             continue
-        wall = run["wall_s"]
         if label in arrivals:
             requests = len(arrivals[label]["requests"])
         else:
             requests = run["generated_tokens"] / serving["max_tokens"]
-        out[label] = {
-            "requests_per_s": requests / wall,
-            "tokens_per_s": run["generated_tokens"] / wall,
-            "steps_per_s": run["steps"] / wall,
-            "serving_load_cores": run["stack_cores"] - run["engine_cpu_s"] / wall,
-        }
+        out[label] = run_rate(run, requests)
     return out
 
 
-def nonnegative_fit(rows: list[tuple[float, float]], ys: list[float]) -> tuple[float, float]:
-    """Least squares y = a x0 + b x1 with a, b >= 0 (through the origin): the unconstrained fit when both
-    come out non-negative, else the better of the two one-term fits (each clamped at 0)."""
-
-    def one(i: int) -> tuple[float, float]:
-        xx = sum(r[i] * r[i] for r in rows)
-        coef = max(0.0, sum(r[i] * y for r, y in zip(rows, ys)) / xx) if xx > 0 else 0.0
-        return (coef, 0.0) if i == 0 else (0.0, coef)
-
-    def sse(a: float, b: float) -> float:
-        return sum((a * x0 + b * x1 - y) ** 2 for (x0, x1), y in zip(rows, ys))
-
-    s00 = sum(x0 * x0 for x0, _ in rows)
-    s11 = sum(x1 * x1 for _, x1 in rows)
-    s01 = sum(x0 * x1 for x0, x1 in rows)
-    s0y = sum(x0 * y for (x0, _), y in zip(rows, ys))
-    s1y = sum(x1 * y for (_, x1), y in zip(rows, ys))
-    det = s00 * s11 - s01 * s01
-    if det > 0:
-        a, b = (s0y * s11 - s1y * s01) / det, (s1y * s00 - s0y * s01) / det
-        if a >= 0 and b >= 0:
-            return a, b
-    return min(one(0), one(1), key=lambda ab: sse(*ab))
+def run_rate(run: dict, requests: float) -> dict:
+    """An engine run's (bench/serving_cost StepWindow steps, with its wall) rates of its `requests`,
+    tokens and engine steps per second and its measured serving load (the stack's busy cores less the
+    engines' threads')."""
+    wall = run["wall_s"]
+    return {
+        "requests_per_s": requests / wall,
+        "tokens_per_s": run["generated_tokens"] / wall,
+        "steps_per_s": run["steps"] / wall,
+        "serving_load_cores": run["stack_cores"] - run["engine_cpu_s"] / wall,
+    }
 
 
 # The validation's layout is the proxy path (bench/sim_validate.py); `make bench`'s serve.json measures the
@@ -351,12 +333,10 @@ def forward_over_model(serving: dict, labels: list[str], table, forward_scale: f
     out = []
     for label in labels:
         counters = serving["engine_steps"][label]
-        if not counters.get("forward_time_s") or not counters.get("step_time_s"):
-            continue
         run = step_fit.EngineRun.from_counters(counters)
-        share = min(1.0, counters["engine_cpu_s"] / counters["step_time_s"])
-        timed = counters["forward_time_s"] * share / run.steps
-        out.append(timed / (forward_scale * step_fit.forward_s(run, table)))
+        if run.forward_cpu_s is None or not counters.get("step_time_s"):
+            continue
+        out.append(run.forward_cpu_s / run.steps / (forward_scale * step_fit.forward_s(run, table)))
     return out
 
 

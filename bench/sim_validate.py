@@ -51,7 +51,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -312,10 +312,12 @@ def engine_steps(steps: dict, table: dict | None, profile: Profile, requests: in
     steps = {k: v for k, v in steps.items() if k not in (*drop, "serving_load_model_cores")}
     mean_step = round(steps["step_time_s"] / max(1, steps["steps"]), 5)
     out = {**steps, "mean_step_wall_s": mean_step, **engine_model_s(steps, table, profile)}
-    wall = steps.get("wall_s")
-    if wall and profile.host is not None:
-        rates = (requests / wall, steps["generated_tokens"] / wall, steps["steps"] / wall)
-        out["serving_load_cores"] = round(steps["stack_cores"] - steps["engine_cpu_s"] / wall, 3)
+    if steps.get("wall_s") and profile.host is not None:
+        from bench.cost_profile import run_rate
+
+        rate = run_rate(steps, requests)
+        rates = (rate["requests_per_s"], rate["tokens_per_s"], rate["steps_per_s"])
+        out["serving_load_cores"] = round(rate["serving_load_cores"], 3)
         out["serving_load_model_cores"] = round(profile.host.load_at(*rates), 3)
     return out
 
@@ -405,7 +407,7 @@ def _run_sim(
     profile: Profile,
     host: str = "path",
     replicas: int = 2,
-    warm: list[tuple[int, ...]] = (),
+    warm: Sequence[tuple[int, ...]] = (),
 ) -> tuple[list[Request], list]:
     """The trace on simulated replicas (two, as served); `host`: a SIM_VARIANTS host model; `warm`:
     prompts every replica's prefix cache holds at the start (SimReplica.warm)."""
@@ -443,7 +445,7 @@ def _run_sim(
     )
     cluster = Cluster(config, requests)
     for replica in cluster.replicas:
-        replica.warm(list(warm))
+        replica.warm(warm)
     cluster.run(trace[-1].arrival + 600.0 if trace else 0.0)
     return requests, cluster.all_replicas()
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dspark.cost_table import CostTable
@@ -179,7 +180,7 @@ class SimReplica:
         req.replica = self.replica_id
         return None
 
-    def warm(self, prompts: list[tuple[int, ...]]) -> None:
+    def warm(self, prompts: Sequence[tuple[int, ...]]) -> None:
         """Cache these prompts' pages as a replica that served them before would hold them (prefilled,
         offered to the cache and released: evictable, not in use); no counter moves."""
         if not self.pages.prefix_caching:

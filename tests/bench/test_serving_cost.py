@@ -12,7 +12,6 @@ import pytest
 from bench.cost_profile import (
     derive_profile,
     host_check,
-    nonnegative_fit,
     open_loop_beyond,
     path_beyond,
     path_load_fit,
@@ -29,7 +28,7 @@ from bench.serving_cost import (
     ttft_split,
 )
 from sim.profiles import from_dict
-from sim.step_fit import EngineRun, model_s
+from sim.step_fit import EngineRun, model_s, nonnegative_least_squares
 
 
 def test_each_replicas_busiest_thread_is_its_engine_and_only_that_threads_run_delay_is_kept():
@@ -408,9 +407,9 @@ def test_the_paths_cpu_per_token_and_per_step_are_fitted_to_the_runs_loads():
     serving["engine_sweep"] = ["engine_c2_p48"]
     assert path_load_fit(serving, host) == {}
     # y = 2 x0 - x1 wants a negative per step: the per-token-only fit, through the origin.
-    rows, ys = [(1.0, 1.0), (2.0, 1.0), (3.0, 2.0)], [1.0, 3.0, 4.0]
-    assert nonnegative_fit(rows, ys) == pytest.approx((19 / 14, 0.0))
-    assert nonnegative_fit([(1.0, 2.0), (2.0, 1.0)], [5.0, 4.0]) == pytest.approx((1.0, 2.0))
+    rows, ys = [[1.0, 1.0], [2.0, 1.0], [3.0, 2.0]], [1.0, 3.0, 4.0]
+    assert nonnegative_least_squares(rows, ys, "") == pytest.approx((19 / 14, 0.0))
+    assert nonnegative_least_squares([[1.0, 2.0], [2.0, 1.0]], [5.0, 4.0], "") == pytest.approx((1.0, 2.0))
 
 
 def test_with_each_requests_way_in_the_path_splits_into_in_and_back():

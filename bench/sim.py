@@ -127,6 +127,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="take the arms from an earlier report (deterministic: they need no idle machine) and run "
         "only what else is asked for, e.g. the scale section on an idle machine",
     )
+    p.add_argument(
+        "--rerun-fleets",
+        default="",
+        help="with --arms-from: simulate the arms at these fleet sizes again (comma-separated) with this "
+        "command's settings, carrying the others (e.g. 1000 with a longer --duration-1000)",
+    )
     p.add_argument("--models", default="models")
     p.add_argument(
         "--val-drafter", default="dspark", help="ngram: validate a stack without trained drafters (smoke)"
@@ -140,10 +146,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def arms(args: argparse.Namespace) -> list[dict]:
+def arms(args: argparse.Namespace, only: set[int] | None = None) -> list[dict]:
+    """Every arm of every fleet (`only`: of these fleet sizes)."""
     fleets = [int(x) for x in args.replicas.split(",")]
     scenarios = []
     for n in fleets:
+        if only is not None and n not in only:
+            continue
         largest = n == max(fleets) and len(fleets) > 1
         loads = [float(x) for x in (args.loads_1000 if largest else args.loads).split(",")]
         duration = args.duration_1000 if largest else args.duration
@@ -332,6 +341,8 @@ def markdown(report: dict) -> str:
     lines = [f"# Cluster simulator\n\n`{report['command']}` — {report['wall_minutes']} min\n"]
     if "arms_carried_from" in report:
         lines.append(f"The arms below are carried from `{report['arms_carried_from']}`.\n")
+    for n, source in (report.get("arms_simulated_by") or {}).items():
+        lines.append(f"The arms at {n} replicas were simulated by `{source}`.\n")
     lines.append(
         "| replicas | router | budget | load | attainment | 1st / 2nd half | goodput req/s | TTFT p99 s "
         "| TPOT p99 s | verify/round |"
@@ -365,9 +376,15 @@ def main(argv: list[str] | None = None) -> None:
     start = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
     earlier = json.loads(args.arms_from.read_text()) if args.arms_from else None
-    results = earlier["arms"] if earlier else arms(args)
+    rerun = {int(x) for x in args.rerun_fleets.split(",") if x} if earlier else set()
+    command = "python bench/sim.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if earlier is None:
+        results = arms(args)
+    else:
+        kept = [r for r in earlier["arms"] if r["scenario"]["replicas"] not in rerun]
+        results = kept + (arms(args, rerun) if rerun else [])
     report = {
-        "command": "python bench/sim.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": command,
         "machine": {
             "platform": platform.platform(),
             "python": platform.python_version(),
@@ -375,7 +392,7 @@ def main(argv: list[str] | None = None) -> None:
         },
         "settings": settings(args, results),
         # Where the arms were simulated: a report that carried them already names that run.
-        **({"arms_carried_from": earlier.get("arms_carried_from", earlier["command"])} if earlier else {}),
+        **(arm_sources(earlier, rerun, command, results) if earlier else {}),
         "budgets": budgets(),
         "arms": results,
         "summary": summary(results),
@@ -389,6 +406,19 @@ def main(argv: list[str] | None = None) -> None:
     paths = plot(results, args.out)
     print(markdown(report))
     print("wrote", args.out / f"{name}.json", *paths)
+
+
+def arm_sources(earlier: dict, rerun: set[int], command: str, results: list[dict]) -> dict:
+    """The command that simulated the arms: all carried, the earlier report's source; some simulated
+    again here, the command per fleet size (`arms_simulated_by`)."""
+    if not rerun and "arms_simulated_by" not in earlier:
+        return {"arms_carried_from": earlier.get("arms_carried_from", earlier["command"])}
+    before = earlier.get("arms_simulated_by") or {}
+    origin = earlier.get("arms_carried_from", earlier["command"])
+    fleets = sorted({r["scenario"]["replicas"] for r in results})
+    return {
+        "arms_simulated_by": {str(n): command if n in rerun else before.get(str(n), origin) for n in fleets}
+    }
 
 
 def scale_section(args: argparse.Namespace) -> dict:

@@ -160,12 +160,35 @@ def paired(rows: list[dict], requests: list[Request], max_tokens: int) -> dict:
     ratio = real / sim
     real_spans = [(row["first_token_s"], row["end_s"]) for row, _ in pairs]
     sim_spans = [(req.first_token, req.finish) for _, req in pairs]
+    real_beside, sim_beside = decoding_beside(real_spans), decoding_beside(sim_spans)
     return {
         "tpot_correlation": _correlation(real, sim),
         "tpot_real_over_sim": [round(float(v), 3) for v in np.percentile(ratio, (10, 50, 90))],
-        "ratio_vs_decoding_beside_sim": _correlation(ratio, decoding_beside(sim_spans)),
-        "ratio_vs_decoding_beside_real": _correlation(ratio, decoding_beside(real_spans)),
+        "ratio_vs_decoding_beside_sim": _correlation(ratio, sim_beside),
+        "ratio_vs_decoding_beside_real": _correlation(ratio, real_beside),
+        # Each side's TPOT by its own concurrency: the price of a request beside (the rows' TPOT) apart
+        # from how much concurrency each side makes (the rows' counts).
+        "by_concurrency": {
+            "real": by_concurrency(1e3 * real, real_beside),
+            "sim": by_concurrency(1e3 * sim, sim_beside),
+        },
     }
+
+
+# Bins of a request's concurrency (requests decoding beside it, itself included, both replicas together).
+CONCURRENCY_BINS = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0)
+
+
+def by_concurrency(tpot_ms: np.ndarray, beside: np.ndarray) -> list[dict]:
+    """Requests and their mean TPOT (ms) per bin of concurrency: below the first edge, between each two,
+    from the last on."""
+    edges = (0.0, *CONCURRENCY_BINS, float("inf"))
+    rows = []
+    for lo, hi in zip(edges, edges[1:]):
+        inside = (beside >= lo) & (beside < hi)
+        mean = round(float(tpot_ms[inside].mean()), 2) if inside.any() else None
+        rows.append({"from": lo, "below": hi, "requests": int(inside.sum()), "tpot_ms": mean})
+    return rows
 
 
 def decoding_beside(spans: list[tuple[float, float]]) -> np.ndarray:
@@ -234,6 +257,24 @@ def markdown(result: dict) -> str:
                 f"counted in the simulator {p['ratio_vs_decoding_beside_sim']}, in the real run "
                 f"{p['ratio_vs_decoding_beside_real']})"
             )
+    for label, run in result["runs"].items():
+        table = (run.get("paired") or {}).get("by_concurrency")
+        if not table:
+            continue
+        edges = [f"{r['from']:g}-{r['below']:g}" for r in table["real"]]
+        lines += [
+            "",
+            f"{label}: TPOT (ms) and requests by the requests decoding beside each (both replicas, itself "
+            "included), each side by its own count:",
+            "",
+            "| side | " + " | ".join(edges) + " |",
+            "|---|" + "---:|" * len(edges),
+        ]
+        for side in ("real", "sim"):
+            cells = [
+                "-" if r["tpot_ms"] is None else f"{r['tpot_ms']:.1f} ({r['requests']})" for r in table[side]
+            ]
+            lines.append(f"| {side} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -2,16 +2,17 @@
 
 Real: the demo stack on real Ray Serve (two target replicas with the DSpark drafter, the app's SLA router,
 OpenAI HTTP), an open-loop client that starts each request at its arrival time and streams it (ignore_eos,
-so every request runs to its max_tokens), measuring TTFT and TPOT per request. It runs twice, each time on
-a freshly started stack (identical work from an identical state: the engines' prefix caches start empty),
-so the report shows how far the real cluster moves between identical runs beside how far the simulator is
-from their mean (bench/sim_compare.py). Simulated: the same requests (arrival, prompt tokens as the
-target's tokenizer counts them, max_tokens, SLA class, domain) on two simulated replicas with this
-machine's profile (sim/profiles/cpu_measured.json), whose SPS table is replaced by the one the real
-replicas use (the newest table in the engine's cache after the stack started) and whose engine settings
-follow the app's. Reported for each metric: each real run, their spread, simulated, and the differences;
-the engines' steps over each run (their counters) beside the simulated replicas'; and TTFT in parts,
-serving path (both ways), engine queue and prefill: a real request's from its replica's timing on its
+so every request runs to its max_tokens), measuring TTFT and TPOT per request. It runs twice (or
+--real-runs times), each time on a freshly started stack (identical work from an identical state: the
+engines' prefix caches start empty), so the report shows how far the real cluster moves between identical
+runs beside how far the simulator is from their mean (bench/sim_compare.py). Simulated: the same requests
+(arrival, prompt tokens as the target's tokenizer counts them, max_tokens, SLA class, domain) on two
+simulated replicas with this machine's profile (sim/profiles/cpu_measured.json), whose SPS table is
+replaced by the one the real replicas use (the newest table in the engine's cache after the stack started)
+and whose engine settings follow the app's. Reported for each metric: each real run, their spread,
+simulated, and the differences; the engines' steps over each run (their counters) beside the simulated
+replicas'; and TTFT in parts, serving path (both ways), engine queue and prefill: a real request's from
+its replica's timing on its
 last chunk (bench/ttft_split.py), a simulated one's from its own record (sim.workload.Request.ttft_parts).
 The path's way in (arrival to the replica's `received`) is shown beside it, the real runs' from that stamp
 (the client and the replicas share the host's monotonic clock) and the simulator's from its requests
@@ -24,10 +25,11 @@ idle latency ("sim_path_at_idle") and each engine alone on its core ("sim_engine
 
 This machine's speed drifts (more than 2x within an hour has been seen), so a profile measured at another
 time than the real runs measures another machine. --measure-profile measures the profile in the same
-sitting: between the two real runs, bench/serving_cost.py's measurement (its own closed-loop prompts and
-sweeps, never this trace) runs and the profile is derived from it (bench/cost_profile.py); the simulator
-then runs on that fresh profile, which is written with the measurement (its sources name the command and
-the time it started). The two real runs bracket the measurement, so its time is their mean's.
+sitting: between the real runs (after the first of two, the second of four), bench/serving_cost.py's
+measurement (its own closed-loop prompts and sweeps, never this trace) runs and the profile is derived
+from it (bench/cost_profile.py); the simulator then runs on that fresh profile, which is written with the
+measurement (its sources name the command and the time it started). The real runs bracket the measurement,
+so its time is their mean's.
 
 Run on an idle machine (the real half measures this machine), by bench/sim.py or alone:
 
@@ -104,11 +106,13 @@ def validate(
     drafter: str = "dspark",
     real_from: dict | None = None,
     between: Callable[[], tuple[Profile, dict]] | None = None,
+    runs: int = 2,
 ) -> dict:
     """`drafter` other than dspark (ngram) serves a target without trained drafters: a smoke run only.
     `real_from`: an earlier result of this function whose real figures are taken instead of running the
     real stack again (the simulator's half recomputed against the same seeded workload, on the profile
-    that result recorded). `between`: run between the two real runs (measure_profile): the profile the
+    that result recorded). `runs`: real runs of the trace (each on a fresh stack). `between`: run in the
+    middle of them (after the first of two, the second of four; measure_profile): the profile the
     simulator then runs on, and what the result records of it."""
     target = Path(models) / "target"
     if not (target / "config.json").is_file() or (
@@ -141,8 +145,8 @@ def validate(
         real_splits = (real_from.get("ttft_split") or {}).get("real_runs", [])
     else:
         real_runs, counters, real_splits = [], [], []
-        for run in range(2):
-            if run == 1 and between is not None:
+        for run in range(runs):
+            if run == runs // 2 and between is not None:
                 started = time.time()
                 profile, recorded = between()
                 timeline.append(_span("profile measurement", started))
@@ -479,7 +483,16 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="sim/profiles/cpu_measured.json when OUT is bench/results, else OUT/cpu_measured.json",
     )
+    p.add_argument(
+        "--real-runs",
+        type=int,
+        default=2,
+        help="real runs of the trace, each on a fresh stack (about 2.5 min each): their mean is the "
+        "reference, their spread the real cluster's own noise",
+    )
     args = p.parse_args(argv)
+    if args.real_runs < 1:
+        p.error("--real-runs must be at least 1")
     if args.sim_only and args.measure_profile:
         p.error("--sim-only keeps the recorded real runs and profile: nothing to measure")
     out = args.out or (REPO / "build" / "sim_quick" if args.quick else RESULTS)
@@ -493,7 +506,7 @@ def main(argv: list[str] | None = None) -> None:
         between = measure_profile(
             args.models, args.quick, command, out / "serving_cost.json", args.profile_out or default
         )
-    result = validate(args.models, args.quick, args.drafter, real_from, between)
+    result = validate(args.models, args.quick, args.drafter, real_from, between, args.real_runs)
     result["wall_minutes"] = round((time.time() - start) / 60, 2)
     result["command"] = command
     if result.get("real_measured") == "this run":

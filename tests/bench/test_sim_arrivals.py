@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from bench.sim_arrivals import markdown, quantiles, real_side, sim_side, steps_view, trace_of
@@ -89,3 +90,22 @@ def test_pairing_sets_each_requests_real_tpot_beside_its_simulated_one_and_the_c
     assert p["ratio_vs_decoding_beside_real"] == pytest.approx(1.0)
     assert p["ratio_vs_decoding_beside_sim"] == pytest.approx(1.0)  # the same spans on both sides here
     assert p["tpot_correlation"] is None  # every simulated TPOT is 0.1 s
+    # Each side's TPOT by its own concurrency: two requests alone (1), two together (2).
+    real = {r["from"]: (r["requests"], r["tpot_ms"]) for r in p["by_concurrency"]["real"]}
+    sim = {r["from"]: (r["requests"], r["tpot_ms"]) for r in p["by_concurrency"]["sim"]}
+    assert real[1.0] == (2, 100.0) and real[2.0] == (2, 200.0) and real[0.0] == (0, None)
+    assert sim[1.0] == (2, 100.0) and sim[2.0] == (2, 100.0)
+
+
+def test_tpot_by_concurrency_bins_every_request_once():
+    from bench.sim_arrivals import by_concurrency
+
+    rows = by_concurrency(np.array([10.0, 12.0, 20.0, 30.0]), np.array([0.5, 1.0, 3.5, 9.0]))
+    assert sum(r["requests"] for r in rows) == 4
+    assert [(r["from"], r["requests"], r["tpot_ms"]) for r in rows if r["requests"]] == [
+        (0.0, 1, 10.0),
+        (1.0, 1, 12.0),
+        (3.0, 1, 20.0),
+        (8.0, 1, 30.0),
+    ]
+    assert rows[-1]["below"] == float("inf")

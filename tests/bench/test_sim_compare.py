@@ -172,3 +172,19 @@ def test_the_report_shows_both_real_runs_their_spread_the_sim_and_the_steps():
     assert "| sim | 10 | 20.0 | 16.0 | 1.25 | 1.0 | 2.0 | 0.0 | 1.04 | - |" in lines
     (note,) = [line for line in lines if line.startswith("\nOther work")]
     assert "(real run 2 0.3)" in note
+
+
+def test_more_real_runs_give_the_spread_of_all_of_them():
+    """Four real runs: the reference is their mean, the noise their largest over their smallest, and the
+    report's column says so (with two, it stays run 2 against run 1)."""
+    runs = [figures(tpot_p50_s=v) for v in (0.020, 0.016, 0.018, 0.022)]
+    out = compare(runs, {"sim": figures(tpot_p50_s=0.0165)})
+    tpot = out["tpot_p50_s"]
+    assert tpot["real"] == 0.019 and tpot["real_spread"] == 0.375 and tpot["real_vs_real"] == -0.2
+    assert tpot["rel_diff"] == -0.1316 and out["beyond_real_noise"] == []
+    out = compare(runs, {"sim": figures(tpot_p50_s=0.011)})
+    assert out["beyond_real_noise"] == ["tpot_p50_s"]  # -42 %: beyond the runs' 37.5 %
+    validation = {**out, "real_measured": "r", "command": "c"}
+    lines = validation_lines(validation)
+    assert lines[1].startswith("| metric | real run 1 | real run 2 | real run 3 | real run 4 | runs' spread")
+    assert "| tpot_p50_s | 0.02 | 0.016 | 0.018 | 0.022 | +37.5% | 0.011 | -42.1% |" in " ".join(lines)

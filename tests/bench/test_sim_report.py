@@ -79,3 +79,34 @@ def test_arms_carried_from_an_earlier_report_are_not_simulated_again(tmp_path, m
     third = tmp_path / "third"
     main(["--arms-from", str(second / "sim.json"), "--skip-validation", "--skip-scale", "--out", str(third)])
     assert json.loads((third / "sim.json").read_text())["arms_carried_from"] == earlier["command"]
+
+
+def test_a_fleet_simulated_again_replaces_only_its_own_arms(tmp_path):
+    """--rerun-fleets: with --arms-from, the arms at the named fleet sizes run again with this command's
+    settings (a longer trace at the largest fleet), the others are carried as they were, and the report
+    names the command behind each fleet's arms."""
+    from bench.sim import main
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    small = ["--replicas", "2,4", "--loads", "0.8", "--duration", "3", "--skip-validation", "--skip-scale"]
+    main([*small, "--duration-1000", "2", "--workers", "1", "--out", str(first)])
+    earlier = json.loads((first / "sim.json").read_text())
+    again = [*small, "--duration-1000", "4", "--arms-from", str(first / "sim.json"), "--rerun-fleets", "4"]
+    main([*again, "--workers", "1", "--out", str(second)])
+    report = json.loads((second / "sim.json").read_text())
+
+    def at(arms: list[dict], n: int) -> list[dict]:
+        return [r for r in arms if r["scenario"]["replicas"] == n]
+
+    assert at(report["arms"], 2) == at(earlier["arms"], 2) and at(report["arms"], 2)
+    assert {r["scenario"]["duration_s"] for r in at(earlier["arms"], 4)} == {2.0}
+    assert {r["scenario"]["duration_s"] for r in at(report["arms"], 4)} == {4.0}
+    assert len(at(report["arms"], 4)) == len(at(earlier["arms"], 4)) == 3  # the key arms
+    assert report["arms_simulated_by"] == {"2": earlier["command"], "4": report["command"]}
+    assert "arms_carried_from" not in report
+    text = (second / "sim.md").read_text()
+    assert f"The arms at 2 replicas were simulated by `{earlier['command']}`." in text
+    # Carried on again, each fleet keeps the command that simulated it.
+    third = tmp_path / "third"
+    main([*small, "--arms-from", str(second / "sim.json"), "--workers", "1", "--out", str(third)])
+    assert json.loads((third / "sim.json").read_text())["arms_simulated_by"] == report["arms_simulated_by"]

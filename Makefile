@@ -44,11 +44,10 @@ bench: models
 
 # The cluster simulator's benchmark (bench/sim.py): routing x budget arms at 100 and 1,000 simulated GPU
 # replicas, the router's decision time at 1,000, and validation against real Ray Serve (needs the models).
-# About 30 min on an idle 2-core machine: the simulation ~25 (the 20 s traces of session 6 took 11 min, 36
-# runs at 100 replicas 831 CPU-s; the 60 s traces since session 7 cost ~3x per run, measured on 4 arms at
-# 80% load: ~42 CPU-min, ~21 min on 2 workers; then 3 runs at 1,000 ~1.5, the scale section alone ~6: its
-# trace is 30 s since session 10: ~340 CPU-s, estimated from a 16 s trace's CPU per simulated second), the
-# validation ~5 (two real runs on the committed profile; `$(PY) bench/sim_validate.py --models $(MODELS)
+# About 55 min on an idle 2-core machine: the simulation ~50 (36 runs at 100 replicas, 60 s traces: 3,505
+# CPU-s; 3 runs at 1,000, 60 s traces since session 22: 1,821 CPU-s; ~45 min on 2 workers; then the scale
+# section alone ~6: its trace is 30 s since session 10: ~340 CPU-s, estimated from a 16 s trace's CPU per
+# simulated second), the validation ~5 (two real runs on the committed profile; `$(PY) bench/sim_validate.py --models $(MODELS)
 # --measure-profile` after `bench/sim.py --skip-validation` measures the profile between them instead,
 # ~7.5 min: two real runs of ~2.5 and the measurement ~2). `$(PY) bench/sim.py --quick` is a smoke run.
 sim: install

@@ -12,15 +12,16 @@ verified every round), engine (the DSpark scheduler alone), controller (controll
 package exists)} on the GPU-class profile, at `--replicas` (100 and 1,000) and loads from 50% to 110% of
 the fleet's plain-decoding capacity (sim/scenario.py): every arm at every load at 100 replicas, the key
 arms at 80% at 1,000 (each 1,000-replica run costs ten 100-replica ones); what ran is in the JSON's
-`settings`. The defaults fit about 25 minutes of an idle 2-core machine (the Makefile's `sim` says how
-that was measured): 60 s of arrivals at 100 replicas scored after a 10 s warm-up, 4 s at 1,000, a 30 s
+`settings`. The defaults fit about 50 minutes of an idle 2-core machine (the Makefile's `sim` says how
+that was measured): 60 s of arrivals at 100 and at 1,000 replicas scored after a 10 s warm-up, a 30 s
 trace for the scale section. The 100-replica trace is long enough for the arms that keep up to reach a
 steady state (sla + engine at 80% load scores 0.95-0.99 in every 5 s of arrivals over 60 s); an arm over
 its capacity has none (pow2 + fixed at 80%: 0.92 in the first 5 s, 0.005 in the last, its running requests
 growing from 4.5k to 15k), so its attainment falls as the trace grows: sim.md shows each arm's attainment
 by half of the scored window to tell the two apart. Until session 7 the default was 20 s after 5 s, where
-that arm scored 0.746 (0.335 over 60 s). The 1,000-replica runs stay short (4 s; each costs ten
-100-replica ones) and overstate the weakest arms' attainment.
+that arm scored 0.746 (0.335 over 60 s). The 1,000-replica runs were 4 s until session 22, too short for
+an arm over its capacity to fall behind (pow2 + fixed scored 0.969 there, 0.352 over 60 s); their three
+key arms now take about 30 CPU-min (389, 686 and 746 CPU-s on one worker).
 
 Scale: the SLA router's decision time at 1,000 replicas (sampled candidates, as the simulator routes,
 and scoring every replica, for contrast) and the wall and CPU time of a 1,000-replica trace, extrapolated
@@ -86,14 +87,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--warmup", type=float, default=10.0, help="simulated seconds not scored")
     p.add_argument("--drain", type=float, default=10.0, help="simulated seconds after the last arrival")
-    p.add_argument("--duration-1000", type=float, default=4.0)
+    p.add_argument(
+        "--duration-1000", type=float, default=60.0, help="simulated seconds of arrivals at the largest fleet"
+    )
     p.add_argument(
         "--max-num-batched-tokens",
         type=int,
         default=None,
         help="the engines' step token budget (chunked prefill); default the profile's (GPU class: 2048)",
     )
-    p.add_argument("--drain-1000", type=float, default=4.0, help="simulated seconds after the last arrival")
+    p.add_argument("--drain-1000", type=float, default=10.0, help="simulated seconds after the last arrival")
     p.add_argument(
         "--workers",
         type=int,
@@ -141,7 +144,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.replicas, args.loads, args.loads_1000 = "4,20", "0.8", "0.8"
-        args.duration, args.duration_1000, args.scale_duration = 8.0, 4.0, 0.2
+        args.duration, args.duration_1000, args.drain_1000, args.scale_duration = 8.0, 4.0, 4.0, 0.2
     args.out = args.out or (REPO / "build" / "sim_quick" if args.quick else RESULTS)
     return args
 

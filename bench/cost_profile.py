@@ -265,8 +265,21 @@ def _fit_steps(out: dict, serving: dict, command: str) -> dict[str, str]:
     runs, points = _runs(serving, sweep), _points(serving, sweep)
     out["sps"] = {"points": list(table["points"]), "rates": list(table["rates"])}
     out["sps_fingerprint"] = table.get("fingerprint") or out.get("sps_fingerprint")
+    out.pop("sps_served", None)
     cost = from_dict(out).cost_table()
     scale = step_fit.fit_forward_scale(runs, cost)
+    reshaped = ""
+    if scale is not None:  # the start-up table given the served forward's shape (sim/step_fit.py)
+        ratios = step_fit.forward_ratios(runs, cost, scale)
+        out["sps"]["rates"] = step_fit.reshape_rates(table["points"], table["rates"], ratios)
+        out["sps_served"] = True
+        reshaped = "; reshaped to the served forward: each point's forward scaled by the engines' own " + (
+            "forward timers over the table's (at its fitted forward_scale) at the sweep runs' mean steps, "
+            "linear in tokens between them and held beyond (sim/step_fit.py reshape_rates): "
+            + ", ".join(f"{q:.3f} at {b:.2f}" for b, q in sorted(ratios))
+        )
+        cost = from_dict(out).cost_table()
+        scale = step_fit.fit_forward_scale(runs, cost)
     terms = {k: round(v, 9) for k, v in step_fit.fit_step_terms(points, cost, scale).items()}
     out.update(terms)
     ratios = ", ".join(f"{r:.3f}" for r in step_fit.cpu_over_model(points, cost, terms))
@@ -292,7 +305,7 @@ def _fit_steps(out: dict, serving: dict, command: str) -> dict[str, str]:
     return {
         SPS_SOURCE: f"{SPS_SOURCE} the engine's own profiled cost table (dspark/cost_table.py) the served "
         f"replicas used in serving_cost's engine sweep ({command}), cache file {Path(table['path']).name}, "
-        "fingerprint in `sps_fingerprint`; the smoothed (isotonic) rates",
+        f"fingerprint in `sps_fingerprint`; the smoothed (isotonic) rates{reshaped}",
         STEP_SOURCE: f"{STEP_SOURCE} {_fit_source(scale)} over "
         f"serving_cost's engine sweep ({command}; runs "
         f"{', '.join(sweep)}: concurrency x prompt tokens, two replicas at 1 torch thread, closed loop, its "
@@ -330,14 +343,9 @@ def forward_over_model(serving: dict, labels: list[str], table, forward_scale: f
     """Each run's forward CPU per step as the engines timed it (their forward's wall, forward_time_s, at
     the CPU share of their steps' wall) over the fitted forward at its mean step, forward_scale /
     SPS(mean tokens); runs without the timer are left out."""
-    out = []
-    for label in labels:
-        counters = serving["engine_steps"][label]
-        run = step_fit.EngineRun.from_counters(counters)
-        if run.forward_cpu_s is None or not counters.get("step_time_s"):
-            continue
-        out.append(run.forward_cpu_s / run.steps / (forward_scale * step_fit.forward_s(run, table)))
-    return out
+    counters = [serving["engine_steps"][label] for label in labels]
+    runs = [step_fit.EngineRun.from_counters(c) for c in counters if c.get("step_time_s")]
+    return [ratio for _, ratio in step_fit.forward_ratios(runs, table, forward_scale)]
 
 
 def _fit_drafter(out: dict, serving: dict, command: str) -> dict[str, str]:

@@ -595,16 +595,9 @@ def engine_model_s(run: dict, table: dict | None, profile: Profile | None = None
 
 
 def _with_table(profile, table: dict | None):
-    """The profile over the replicas' SPS table (its own when none is given)."""
-    if table is None:
-        return profile
-    return dataclasses.replace(
-        profile,
-        sps_points=tuple(table["points"]),
-        sps_rates=tuple(table["rates"]),
-        max_num_batched_tokens=max(profile.max_num_batched_tokens, table["points"][-1]),
-        cache={},
-    )
+    """The profile over the replicas' SPS table (its own when none is given, or when it is the served
+    forward's already: Profile.over_table)."""
+    return profile if table is None else profile.over_table(table["points"], table["rates"])
 
 
 def engine_time(after: dict[str, float], before: dict[str, float], spent: dict[str, float]) -> dict:

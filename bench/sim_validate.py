@@ -8,12 +8,12 @@ engines' prefix caches start empty), so the report shows how far the real cluste
 runs beside how far the simulator is from their mean (bench/sim_compare.py). Simulated: the same requests
 (arrival, prompt tokens as the target's tokenizer counts them, max_tokens, SLA class, domain) on two
 simulated replicas with this machine's profile (sim/profiles/cpu_measured.json), whose SPS table is
-replaced by the one the real replicas use (the newest table in the engine's cache after the stack started)
-and whose engine settings follow the app's. Reported for each metric: each real run, their spread,
-simulated, and the differences; the engines' steps over each run (their counters) beside the simulated
-replicas'; and TTFT in parts, serving path (both ways), engine queue and prefill: a real request's from
-its replica's timing on its
-last chunk (bench/ttft_split.py), a simulated one's from its own record (sim.workload.Request.ttft_parts).
+replaced by the one the real replicas use (the newest table in the engine's cache after the stack started;
+kept where it is that table reshaped to the served forward, Profile.sps_served) and whose engine settings
+follow the app's. Reported for each metric: each real run, their spread, simulated, and the differences;
+the engines' steps over each run (their counters) beside the simulated replicas'; and TTFT in parts,
+serving path (both ways), engine queue and prefill: a real request's from its replica's timing on its last
+chunk (bench/ttft_split.py), a simulated one's from its own record (sim.workload.Request.ttft_parts).
 The path's way in (arrival to the replica's `received`) is shown beside it, the real runs' from that stamp
 (the client and the replicas share the host's monotonic clock) and the simulator's from its requests
 (arrival to admitted: with a profile measured by --measure-profile the path splits there, the router
@@ -420,13 +420,7 @@ def _run_sim(
         cost = None if host == "none" else dataclasses.replace(cost, path_stretches=False)
     profile = dataclasses.replace(profile, max_num_seqs=ENGINE["max_num_seqs"], host=cost, cache={})
     if table is not None:
-        profile = dataclasses.replace(
-            profile,
-            sps_points=tuple(table["points"]),
-            sps_rates=tuple(table["rates"]),
-            max_num_batched_tokens=max(profile.max_num_batched_tokens, table["points"][-1]),
-            cache={},
-        )
+        profile = profile.over_table(table["points"], table["rates"])
     requests = [
         dataclasses.replace(
             r,

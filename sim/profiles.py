@@ -21,7 +21,7 @@ accepted given tokens 1..j-1 were; confidences are taken as calibrated (equal to
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -65,6 +65,11 @@ class Profile:
     # rate (`heal_rate`, EngineConfig.cost_table_ema), and its gate times drafting in wall time too.
     heal_table: bool = False
     heal_rate: float = 0.05
+    # The table is the served forward's: the replicas' start-up profile reshaped to their engines' own
+    # forward timers (bench/cost_profile.py, sim/step_fit.py reshape_rates). A validation against those
+    # replicas keeps it rather than putting their start-up table from the engine's cache in its place
+    # (bench/sim_validate.py, Profile.over_table).
+    sps_served: bool = False
     # The engine's automatic prefix caching (EngineConfig.enable_prefix_caching): a request's leading
     # full prompt pages that an earlier prompt on its replica committed are reused, not prefilled
     # (dspark.kv_cache.PageManager), for requests whose trace carries their prompt's token ids.
@@ -115,6 +120,19 @@ class Profile:
             cache={},
         )
 
+    def over_table(self, points: Sequence[int], rates: Sequence[float]) -> Profile:
+        """The profile over the served replicas' start-up SPS table (from the engine's cache), unless its
+        own table is the served forward's already (`sps_served`): that one stays."""
+        if self.sps_served:
+            return self
+        return replace(
+            self,
+            sps_points=tuple(points),
+            sps_rates=tuple(rates),
+            max_num_batched_tokens=max(self.max_num_batched_tokens, points[-1]),
+            cache={},
+        )
+
     def published_table(self) -> list[list[float]]:
         """The table as a replica publishes it for the router (deployments/replica_state.py)."""
         table = self.cost_table()
@@ -152,6 +170,7 @@ def from_dict(data: dict) -> Profile:
         host=HostCost.from_json(data.get("host")),
         heal_table=bool(data.get("heal_table", False)),
         heal_rate=float(data.get("heal_rate", 0.05)),
+        sps_served=bool(data.get("sps_served", False)),
         prefix_caching=bool(data.get("prefix_caching", False)),
         sources=tuple(data.get("sources", ())),
         assumptions=tuple(data.get("assumptions", ())),

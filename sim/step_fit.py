@@ -35,6 +35,17 @@ engine's does (sim/replica.py), and with the forward at half its served cost it 
 as the real engines. Weighting by steps makes the fitted steps add up to the runs' CPU (unweighted, the
 few long prompt-chunk points pulled the decode points' fit, and the total fell 3-8 % short).
 
+The table's shape is the start-up profile's, timed once as the replica starts, and can be wrong where a
+single scale cannot mend it: on the sitting of 2026-12-06 its 1-token point came out below its 2-token
+one, its isotonic smoothing pooled 1-6 tokens into one rate, and with the one scale that the timers gave
+(1.20) the forward of a one-request step was priced 27-31 % above the engines' timers and that of a
+five-to-seven-token step 13-19 % below (their ratios 0.79 / 0.76 at the sweep's 1.5 / 2.6 tokens a step,
+1.13 / 1.19 at 5.2 / 7.4). Where the runs carry the timers, the table is reshaped to them first
+(reshape_rates: each point's forward scaled by the timers' ratio interpolated at it, forward_ratios),
+and forward_scale and the overheads are fitted over the reshaped table. The table decides too (the draft
+gate, the verify lengths): over the flat one the simulated gate drafted three times as often as the real
+engines, over the reshaped one as often.
+
 Why the token term may be negative: the table is timed on verify-shaped steps (requests of gamma + 1
 tokens), while a served prompt chunk runs many tokens of one request, cheaper each; with the forward
 priced as served, the prompt chunks' points need that correction (-0.06 to -0.13 ms a token). A profile
@@ -175,6 +186,30 @@ def fit_forward_scale(runs: Sequence[EngineRun], table: Table) -> float | None:
     xx = sum(x * x for x in xs)
     scale = sum(x * y for x, y in zip(xs, ys)) / xx if xx > 0 else 0.0
     return scale if scale > 0 else None
+
+
+def forward_ratios(
+    runs: Sequence[EngineRun], table: Table, forward_scale: float
+) -> list[tuple[float, float]]:
+    """(mean tokens per step, the engines' timed forward CPU per step over forward_scale x the table's
+    forward at that step) of each timed run, in the runs' order: 1.0 where the scaled table prices the
+    served forward as the engines timed it."""
+    return [
+        (r.tokens_per_step, r.forward_cpu_s / r.steps / (forward_scale * forward_s(r, table)))
+        for r in runs
+        if r.forward_cpu_s is not None
+    ]
+
+
+def reshape_rates(
+    points: Sequence[int], rates: Sequence[float], ratios: Sequence[tuple[float, float]]
+) -> list[float]:
+    """The table's rates with the forward at each point scaled by the timers' ratio there (forward_ratios:
+    linear in tokens between the runs' mean steps, held beyond them): the start-up profile given the
+    served forward's shape where the runs measured it."""
+    by_tokens = sorted(ratios)
+    xs, ys = [x for x, _ in by_tokens], [y for _, y in by_tokens]
+    return [round(rate / float(np.interp(b, xs, ys)), 6) for b, rate in zip(points, rates)]
 
 
 def fit_draft_terms(runs: Sequence[EngineRun]) -> dict[str, float]:

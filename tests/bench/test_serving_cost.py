@@ -473,3 +473,33 @@ def test_the_engines_forward_timers_are_set_beside_the_fitted_forward():
     serving = {"engine_steps": {"a": {**run, "forward_time_s": 1.2}, "b": run}}
     assert forward_over_model(serving, ["a", "b"], lambda b: 200.0, 1.2) == pytest.approx([1.0])
     assert forward_over_model(serving, ["a"], lambda b: 200.0, 0.6) == pytest.approx([2.0])
+
+
+def test_a_sweep_with_the_engines_forward_timers_reshapes_the_table_to_them():
+    """The committed measurement's sweep carries the engines' forward timers: the derived profile's table
+    is the start-up one reshaped to them (its source lists the ratios; marked as the served forward's,
+    which a validation keeps in place of the start-up table), and over it the timers read the fitted
+    forward closer to 1 at every run than over the start-up table. A profile without the mark takes the
+    replicas' table as before."""
+    from bench.cost_profile import forward_over_model
+
+    root = Path(__file__).resolve().parents[2]
+    measured = json.loads((root / "bench" / "results" / "serving_cost.json").read_text())
+    serve = json.loads((root / "bench" / "results" / "serve_proxy.json").read_text())
+    profile = json.loads((root / "sim" / "profiles" / "cpu_measured.json").read_text())
+    serving = measured["serving"]
+    startup = serving["sps_table"]
+    fitted = derive_profile(profile, serving, serve, provenance(measured))
+    assert fitted["sps_served"] is True and fitted["sps"]["points"] == startup["points"]
+    assert fitted["sps"]["rates"] != startup["rates"]
+    (sps_source,) = [s for s in fitted["sources"] if s.startswith("SPS(B)")]
+    assert "reshaped to the served forward" in sps_source
+    sweep = serving["engine_sweep"]
+    over_startup = from_dict({**fitted, "sps": {k: startup[k] for k in ("points", "rates")}})
+    before = forward_over_model(serving, sweep, over_startup.cost_table(), fitted["forward_scale"])
+    after = forward_over_model(serving, sweep, from_dict(fitted).cost_table(), fitted["forward_scale"])
+    assert max(abs(r - 1) for r in after) < max(abs(r - 1) for r in before)
+    served = from_dict(fitted)
+    assert served.over_table([1, 1024], [1.0, 1.0]) is served
+    unmarked = from_dict({k: v for k, v in fitted.items() if k != "sps_served"})
+    assert unmarked.over_table([1, 1024], [1.0, 1.0]).sps_rates == (1.0, 1.0)

@@ -16,8 +16,10 @@ from sim.step_fit import (
     fit_draft_terms,
     fit_forward_scale,
     fit_step_terms,
+    forward_ratios,
     model_s,
     nonnegative_least_squares,
+    reshape_rates,
 )
 from sim.workload import Request
 from tests.sim.test_simulator import small_profile
@@ -313,3 +315,28 @@ def step_fit_forward(run: EngineRun) -> float:
     from sim.step_fit import forward_s
 
     return forward_s(run, TABLE)
+
+
+def test_a_table_whose_shape_parts_from_the_timed_forward_is_reshaped_to_it():
+    """The start-up table flat over 1-16 tokens where the engines timed their forward rising with the
+    tokens (4, 5, 6, 8 ms at 2, 4, 8, 16 tokens a step): one scale over the flat table overprices the
+    small steps and underprices the large ones (the ratios part from 1 both ways); the table reshaped to
+    the timers' ratios (interpolated in tokens between the runs, held beyond them) prices each run's
+    forward as timed, its scale then 1."""
+    flat = CostTable([1, 2, 4, 8, 16, 64], [200.0, 200.0, 200.0, 200.0, 200.0, 50.0], 64, source="given")
+    timed = {2: 0.004, 4: 0.005, 8: 0.006, 16: 0.008}
+    runs = [EngineRun(100, 100 * b, 100, 1.0, forward_cpu_s=100 * s) for b, s in timed.items()]
+    scale = fit_forward_scale(runs, flat)
+    ratios = forward_ratios(runs, flat, scale)
+    assert [b for b, _ in ratios] == [2, 4, 8, 16]
+    assert ratios[0][1] < 1 < ratios[-1][1]
+    rates = reshape_rates(flat.points, flat.rates, ratios)
+    # At the runs' steps the reshaped table is the timed forward at that scale; below and above them the
+    # end ratios hold (the 1-token point takes the 2-token run's, the 64-token one the 16-token run's).
+    for b, seconds in timed.items():
+        assert scale / rates[flat.points.index(b)] == pytest.approx(seconds, rel=1e-6)
+    assert rates[0] == pytest.approx(rates[1], rel=1e-6)
+    assert rates[-1] == pytest.approx(50.0 / ratios[-1][1], rel=1e-5)
+    reshaped = CostTable(flat.points, rates, 64, source="given")
+    assert fit_forward_scale(runs, reshaped) == pytest.approx(scale, rel=1e-6)
+    assert all(r == pytest.approx(1.0, rel=1e-6) for _, r in forward_ratios(runs, reshaped, scale))

@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from sim import step_fit
 from sim.host import HostCost, beyond, path_latency, path_parts, stretch
 from sim.profiles import from_dict
@@ -214,7 +216,9 @@ def _host_source(serving: dict, command: str, host: dict) -> str:
             f"token was made (way back), the mean over the {count} requests of serving_cost's open-loop "
             f"runs (Poisson arrivals at {rates} per second, {serving.get('max_tokens')} tokens each, its "
             f"own prompts), counts with at least {MIN_ARRIVALS} requests (bench/cost_profile.py "
-            "open_loop_beyond)"
+            "open_loop_beyond); path_in_jitter / path_back_jitter = those requests' deviations from the "
+            "mean at their count, as 21 quantiles (every 5 %), one drawn for each simulated request "
+            "(spread_quantiles, sim/host.py jitter)"
         )
     else:
         beyond = (
@@ -443,10 +447,29 @@ def path_beyond(serving: dict, host: dict, request_path_s: float, request_path_i
     table = open_loop_beyond(runs, checked) if runs else closed_loop_beyond(checked)
     if not table:
         return {}
-    return {
+    out = {
         "path_in_beyond": [[n, round(way_in, 5)] for n, way_in, _ in table],
         "path_back_beyond": [[n, round(back, 5)] for n, _, back in table],
     }
+    if runs:  # the requests' spread around those means (HostCost.path_in_jitter, path_back_jitter)
+        way_in, back = open_loop_residuals(runs, checked)
+        for key, by_open, column in (("path_in_jitter", way_in, 1), ("path_back_jitter", back, 2)):
+            out[key] = spread_quantiles(by_open, {row[0]: row[column] for row in table})
+    return out
+
+
+JITTER_QUANTILES = 21  # the spread's quantiles, every 5 %
+
+
+def spread_quantiles(by_open: dict[int, list[float]], means: dict[int, float]) -> list[float]:
+    """Quantiles (every 5 %, the least to the most) of every request's latency beyond the model less the
+    table's mean at its count (interpolated, held at the table's ends, as the simulator reads it)."""
+    table = tuple(sorted(means.items()))
+    deviations = [v - beyond(table, n) for n, values in by_open.items() for v in values]
+    if not deviations:
+        return []
+    qs = np.percentile(deviations, np.linspace(0, 100, JITTER_QUANTILES))
+    return [round(float(q), 5) for q in qs]
 
 
 MIN_ARRIVALS = 5  # requests that arrived with one count open, for that count's mean to stand in the table
@@ -459,6 +482,19 @@ def open_loop_beyond(runs: dict, checked: dict) -> list[tuple[int, float, float]
     token less its way in and its engine's queue and prefill) less the model's of them at its run's load
     (host_check), the mean over the requests at one count. Counts with fewer than MIN_ARRIVALS requests
     are left out (the simulator holds the table at its ends and interpolates between its counts)."""
+    ins, backs = (means(values) for values in open_loop_residuals(runs, checked))
+    counts = sorted(set(ins) | set(backs))
+    return [(n, _at(ins, n), _at(backs, n)) for n in counts]
+
+
+def means(by_open: dict[int, list[float]]) -> dict[int, float]:
+    """The mean at each count with at least MIN_ARRIVALS requests."""
+    return {n: sum(v) / len(v) for n, v in by_open.items() if len(v) >= MIN_ARRIVALS}
+
+
+def open_loop_residuals(runs: dict, checked: dict) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
+    """Every timed request's way in and way back beyond the model at its run's load (open_loop_beyond),
+    by the requests open as it arrived and as its engine made its first token."""
     way_in: dict[int, list[float]] = {}
     back: dict[int, list[float]] = {}
     for label, run in runs.items():
@@ -476,13 +512,7 @@ def open_loop_beyond(runs: dict, checked: dict) -> list[tuple[int, float, float]
             way_back = r["first_token_s"] - engine_first
             way_in.setdefault(_open_at(spans, r["sent_s"]), []).append(r["inbound_s"] - model_in)
             back.setdefault(_open_at(spans, engine_first), []).append(way_back - model_back)
-
-    def means(by_open: dict[int, list[float]]) -> dict[int, float]:
-        return {n: sum(v) / len(v) for n, v in by_open.items() if len(v) >= MIN_ARRIVALS}
-
-    ins, backs = means(way_in), means(back)
-    counts = sorted(set(ins) | set(backs))
-    return [(n, _at(ins, n), _at(backs, n)) for n in counts]
+    return way_in, back
 
 
 def _open_at(spans: list[tuple[float, float]], t: float) -> int:

@@ -12,7 +12,8 @@ Replicas of a profile with a host block are placed `host.replicas` to a host in 
 groups with the same host block), whose cores they share with the serving path (sim/host.py); a
 replacement takes its predecessor's place. There the serving path's latency stretches with the host's
 contention (sim/host.py), and by what its processes queue for with the requests open on it, where the
-profile measured that (sim/host.py beyond). A profile that measured the path's way in
+profile measured that (sim/host.py beyond), each request with its own deviation from that mean where the
+profile measured their spread (sim/host.py jitter). A profile that measured the path's way in
 (`request_path_in_s`) has the router see a request at the end of it and the engine's first token reach
 the client the rest of the path later (every later token as much later: TPOT keeps); without it the
 whole path comes before the router. Each
@@ -31,7 +32,7 @@ from deployments.replica_state import RecentForwards, RecentRounds
 from dspark.draft_budget import DraftBudget
 from router.policy import PolicyConfig, Sla
 from sim.events import EventQueue
-from sim.host import Host, path_parts
+from sim.host import Host, jitter, path_parts
 from sim.profiles import Profile
 from sim.replica import Plan, SimReplica
 from sim.routing import PowerOfTwo, RoundRobin, SlaArm
@@ -140,6 +141,11 @@ class Cluster:
         self.retired: list[SimReplica] = []
         self._finished: dict[str, list[Request]] = {}  # since the last control period, by replica
         self._inbound, self._back = self._path_parts()
+        # Each request's path draws its deviation from the measured spread (HostCost.path_*_jitter), from
+        # its own stream: a profile without a spread draws nothing and runs as before.
+        cost = config.fleet[0].profile.host if config.fleet else None
+        self._jitters = (cost.path_in_jitter, cost.path_back_jitter) if cost is not None else ((), ())
+        self._jitter_rng = random.Random(f"path-jitter-{config.seed}")
         self.open_on_path = 0  # requests arrived on a host's serving path and not yet ended (sim/host.py)
 
     def _add(self, group: Group, replica_id: str) -> SimReplica:
@@ -222,7 +228,8 @@ class Cluster:
         host = self._path_host
         assert host is not None
         self.open_on_path += 1
-        self.q.after(host.path_latency(self.q.now, *self._inbound, self.open_on_path), self._route, req)
+        latency = host.path_latency(self.q.now, *self._inbound, self.open_on_path)
+        self.q.after(self._jittered(latency, self._jitters[0]), self._route, req)
 
     def _ended(self, count: int = 1) -> None:
         """`count` requests that came in over a host's serving path ended (done, shed, refused, failed)."""
@@ -237,10 +244,17 @@ class Cluster:
             if host is None:
                 req.path_back = self._back[0]
             else:
-                req.path_back = host.path_latency(self.q.now, *self._back, self.open_on_path)
+                latency = host.path_latency(self.q.now, *self._back, self.open_on_path)
+                req.path_back = self._jittered(latency, self._jitters[1])
             req.first_token += req.path_back
         for req in done:
             req.finish += req.path_back
+
+    def _jittered(self, latency: float, quantiles: tuple[float, ...]) -> float:
+        """`latency` with one draw of the measured spread around it added (never below 0)."""
+        if not quantiles:
+            return latency
+        return max(0.0, latency + jitter(quantiles, self._jitter_rng.random()))
 
     def _route(self, req: Request) -> None:
         if req.outcome != "pending":

@@ -62,8 +62,11 @@ measured with an engine sweep carries that remainder as measured (`path_in_beyon
 each direction's mean latency beyond the CPU-stretch model, by the requests open on the path, from the
 sweep's closed-loop runs; bench/cost_profile.py path_beyond), and the path's latency adds it at the
 requests open when the request arrives (the way in) or its first token comes out (the way back),
-interpolated between the measured counts and held at the ends (`beyond`). A host whose path does not
-stretch (`path_stretches` False) takes neither: its path is its idle latency.
+interpolated between the measured counts and held at the ends (`beyond`). Measured on open-loop runs, the
+table is a mean: each request's path also draws its own deviation from it from the measured requests'
+(`path_in_jitter`, `path_back_jitter`, `jitter`), so the path's latency has the measured spread, not one
+value per load. A host whose path does not stretch (`path_stretches` False) takes none of this: its path
+is its idle latency.
 """
 
 from __future__ import annotations
@@ -93,6 +96,11 @@ class HostCost:
     # ascending in open, each direction's (module docstring); empty: none measured.
     path_in_beyond: tuple[tuple[int, float], ...] = ()
     path_back_beyond: tuple[tuple[int, float], ...] = ()
+    # Each direction's spread around that table, request to request: quantiles (evenly spaced from the
+    # least to the most) of the measured requests' latency less the table's mean at their count; each
+    # request's path draws one (`jitter`). Empty: none measured, every request takes the table's mean.
+    path_in_jitter: tuple[float, ...] = ()
+    path_back_jitter: tuple[float, ...] = ()
 
     @property
     def path_cpu_s(self) -> float:
@@ -115,6 +123,9 @@ class HostCost:
         for k in ("path_in_beyond", "path_back_beyond"):  # JSON lists, kept as tuples (hashable)
             if k in fields:
                 fields[k] = tuple((int(n), float(s)) for n, s in fields[k])
+        for k in ("path_in_jitter", "path_back_jitter"):
+            if k in fields:
+                fields[k] = tuple(float(s) for s in fields[k])
         return cls(**fields)
 
 
@@ -234,6 +245,18 @@ def beyond(table: tuple[tuple[int, float], ...], open_requests: int) -> float:
         if open_requests <= n1:
             return s0 + (s1 - s0) * (open_requests - n0) / (n1 - n0)
     return table[-1][1]
+
+
+def jitter(quantiles: tuple[float, ...], u: float) -> float:
+    """The draw at `u` (uniform in [0, 1)) from a distribution given by its evenly spaced quantiles (the
+    least first, the most last), linear between them; 0 without any."""
+    if not quantiles:
+        return 0.0
+    if len(quantiles) == 1:
+        return quantiles[0]
+    at = u * (len(quantiles) - 1)
+    i = min(int(at), len(quantiles) - 2)
+    return quantiles[i] + (quantiles[i + 1] - quantiles[i]) * (at - i)
 
 
 def path_parts(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sim.cluster import Cluster, ClusterConfig, Failure, Group
-from sim.host import HostCost, beyond
+from sim.host import HostCost, beyond, jitter
 from sim.profiles import load
 from sim.workload import Request
 from tests.sim.test_simulator import CLASSES, simulate, small_profile
@@ -105,3 +105,55 @@ def test_the_committed_cpu_profile_carries_the_tables_its_measurement_gives():
         assert counts == sorted(set(counts))
     host = load("cpu_measured").host
     assert host.path_in_beyond == tuple((n, s) for n, s in tables["path_in_beyond"])
+    # The requests' spread around those tables, from the same open-loop runs: 21 quantiles, ascending.
+    for key in ("path_in_jitter", "path_back_jitter"):
+        assert profile["host"][key] == tables[key] and len(tables[key]) == 21
+        assert tables[key] == sorted(tables[key]) and tables[key][0] < 0 < tables[key][-1]
+
+
+def test_the_spread_is_each_requests_deviation_from_the_tables_mean_at_its_count():
+    from bench.cost_profile import spread_quantiles
+
+    by_open = {1: [0.001, 0.003], 3: [0.010, 0.020]}
+    quantiles = spread_quantiles(by_open, {1: 0.002, 3: 0.015})  # deviations -1, +1, -5, +5 ms
+    assert len(quantiles) == 21 and quantiles[0] == -0.005 and quantiles[-1] == 0.005
+    assert quantiles[10] == pytest.approx(0.0, abs=1e-12)
+    # A count the table lacks reads it as the simulator does (interpolated between its counts).
+    assert spread_quantiles({2: [0.010]}, {1: 0.0, 3: 0.010}) == [0.005] * 21
+    assert spread_quantiles({}, {1: 0.0}) == []
+
+
+def test_a_spread_is_drawn_from_its_quantiles_linearly_between_them():
+    quantiles = (-0.004, 0.0, 0.002, 0.010)
+    assert jitter((), 0.3) == 0.0 and jitter((0.005,), 0.9) == 0.005
+    assert jitter(quantiles, 0.0) == -0.004
+    assert jitter(quantiles, 0.5) == pytest.approx(0.001, abs=1e-12)  # half way from 0 to 2 ms
+    assert jitter(quantiles, 0.999999) == pytest.approx(0.010, abs=1e-7)
+    cost = HostCost.from_json({"cores": 2, "replicas": 2, "path_in_jitter": [-0.001, 0.002]})
+    assert cost.path_in_jitter == (-0.001, 0.002) and cost.path_back_jitter == ()
+
+
+def test_each_request_draws_its_own_deviation_from_the_measured_spread_the_same_under_a_seed():
+    """With a spread measured around the table, the ways in and back of a burst vary request to request
+    within it (never below 0), the same on a rerun; without one, every request takes the table's value."""
+    spread = (-0.004, -0.001, 0.0, 0.003, 0.012)
+    cost = HostCost(
+        cores=2,
+        replicas=2,
+        path_in_beyond=TABLE,
+        path_back_beyond=((1, 0.0), (4, 0.006)),
+        path_in_jitter=spread,
+        path_back_jitter=spread,
+    )
+    requests = burst(cost, 8)
+    plain = burst(dataclasses.replace(cost, path_in_jitter=(), path_back_jitter=()), 8)
+    deviations = [
+        (r.admitted - r.arrival) - (p.admitted - p.arrival) for r, p in zip(requests, plain, strict=True)
+    ]
+    backs = [r.path_back - p.path_back for r, p in zip(requests, plain, strict=True)]
+    for drawn in (deviations, backs):
+        assert all(spread[0] - 1e-12 <= d <= spread[-1] + 1e-12 for d in drawn)
+        assert len({round(d, 9) for d in drawn}) > 4  # each request its own draw
+    again = burst(cost, 8)
+    assert [r.admitted for r in again] == [r.admitted for r in requests]
+    assert [r.path_back for r in again] == [r.path_back for r in requests]

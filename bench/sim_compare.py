@@ -21,17 +21,21 @@ def rel(real: float | None, other: float | None) -> float | None:
     return None if not real or other is None else round((other - real) / real, 4)
 
 
-def compare(real_runs: list[dict], sims: dict[str, dict]) -> dict:
+def compare(real_runs: list[dict], sims: dict[str, dict], seeded: list[dict] | None = None) -> dict:
     """Per metric: each real run's figure (`real_runs`), their mean (`real`, the reference), run 2 against
     run 1 (`real_vs_real`) and the largest run over the smallest (`real_spread`: the real cluster's own
     noise, with two runs or more), and each simulated variant's figure with its difference to the mean
     (`rel_diff` for "sim", `rel_diff_<label>` for the others) and to each run (`rel_diff_runs`, "sim"
-    only). Then the verdict on "sim": the largest difference, whether all are within 15 %, which are
-    outside, and which part from the real mean by more than the real runs part from each other."""
+    only). `seeded`: "sim"'s figures under several seeds (the first its own), when it ran under more
+    than one: then "sim" is their mean (`sim_runs`, and their spread `sim_spread`, beside). Then the
+    verdict on "sim": the largest difference, whether all are within 15 %, which are outside, and which
+    part from the real mean by more than the real runs part from each other."""
+    if seeded and len(seeded) > 1:
+        sims = {**sims, "sim": {m: _mean([run[m] for run in seeded]) for m in METRICS}}
     out: dict = {}
     for m in METRICS:
         values = [run[m] for run in real_runs]
-        real = None if None in values else round(sum(values) / len(values), 6)
+        real = _mean(values)
         entry = {
             "real": real,
             "real_runs": values,
@@ -45,6 +49,10 @@ def compare(real_runs: list[dict], sims: dict[str, dict]) -> dict:
             entry["rel_diff" if label == "sim" else f"rel_diff_{label}"] = rel(real, figures[m])
         if "sim" in sims:
             entry["rel_diff_runs"] = [rel(v, sims["sim"][m]) for v in values]
+        if seeded and len(seeded) > 1:
+            runs = [run[m] for run in seeded]
+            entry["sim_runs"] = runs
+            entry["sim_spread"] = rel(min(runs), max(runs)) if None not in runs else None
         out[m] = entry
     judged = [m for m in METRICS if out[m].get("rel_diff") is not None]
     out["max_abs_rel_diff"] = max((abs(out[m]["rel_diff"]) for m in judged), default=None)
@@ -53,6 +61,10 @@ def compare(real_runs: list[dict], sims: dict[str, dict]) -> dict:
     noisy = [m for m in judged if out[m]["real_spread"] is not None]
     out["beyond_real_noise"] = [m for m in noisy if abs(out[m]["rel_diff"]) > out[m]["real_spread"]]
     return out
+
+
+def _mean(values: list[float | None]) -> float | None:
+    return None if None in values else round(sum(values) / len(values), 6)
 
 
 def step_view(counters: dict) -> dict:
@@ -123,6 +135,17 @@ def validation_lines(validation: dict) -> list[str]:
             cells = [name, *map(str, m["real_runs"]), _pct(noise), str(m["sim"])]
             cells += [_pct(m["rel_diff"]), *map(_pct, m["rel_diff_runs"])]
             lines.append("| " + " | ".join(cells) + " |")
+    seeds = validation.get("sim_seeds") or 1
+    if seeds > 1:
+        spreads = [
+            f"{name} {_pct(validation[name].get('sim_spread'))}"
+            for name in METRICS
+            if validation[name].get("sim_runs")
+        ]
+        lines.append(
+            f"\nsim: the mean of {seeds} runs under their own seeds; their spread (max / min): "
+            + ", ".join(spreads)
+        )
     outside = validation["outside_15pct"]
     verdict = f"outside 15 %: {', '.join(outside)}" if outside else "all within 15 %"
     if "beyond_real_noise" in validation and runs > 1:

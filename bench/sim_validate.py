@@ -107,13 +107,15 @@ def validate(
     real_from: dict | None = None,
     between: Callable[[], tuple[Profile, dict]] | None = None,
     runs: int = 2,
+    sim_seeds: int = 1,
 ) -> dict:
     """`drafter` other than dspark (ngram) serves a target without trained drafters: a smoke run only.
     `real_from`: an earlier result of this function whose real figures are taken instead of running the
     real stack again (the simulator's half recomputed against the same seeded workload, on the profile
     that result recorded). `runs`: real runs of the trace (each on a fresh stack). `between`: run in the
     middle of them (after the first of two, the second of four; measure_profile): the profile the
-    simulator then runs on, and what the result records of it."""
+    simulator then runs on, and what the result records of it. `sim_seeds`: the simulator's runs of the
+    model as it stands, each under its own seed (its figure their mean, their spread its own noise)."""
     target = Path(models) / "target"
     if not (target / "config.json").is_file() or (
         drafter == "dspark" and not (Path(models) / "drafters" / "dspark").is_dir()
@@ -184,10 +186,16 @@ def validate(
         splits[label] = ttft_split(requests, warmup, duration)
         if label == "sim":
             out["sim_engine_steps"] = sim_steps(replicas, table, profile)
+    # The model as it stands again under other seeds (its routing, the acceptance drawn, the path's
+    # spread): its own noise beside the real runs', and its figure the mean over the seeds.
+    seeded = [sims["sim"]] if "sim" in sims else []
+    for seed in range(1, sim_seeds if seeded else 1):
+        requests, _ = _run_sim(trace, table, profile, "path", seed=seed)
+        seeded.append(summarize(requests, classes, warmup, duration))
     # TTFT in parts (serving path, engine queue, prefill; bench/ttft_split.py), each real run's from its
     # replicas' per-request timing and each variant's from its requests.
     out["ttft_split"] = splits
-    return {**out, **compare(real_runs, sims)}
+    return {**out, "sim_seeds": len(seeded) or None, **compare(real_runs, sims, seeded)}
 
 
 # Simulated variants: label -> the host model ("path": the path stretches; "idle_path": the path at its
@@ -412,9 +420,10 @@ def _run_sim(
     host: str = "path",
     replicas: int = 2,
     warm: Sequence[tuple[int, ...]] = (),
+    seed: int = 0,
 ) -> tuple[list[Request], list]:
     """The trace on simulated replicas (two, as served); `host`: a SIM_VARIANTS host model; `warm`:
-    prompts every replica's prefix cache holds at the start (SimReplica.warm)."""
+    prompts every replica's prefix cache holds at the start (SimReplica.warm); `seed`: the cluster's."""
     cost = profile.host
     if cost is not None and host != "path":
         cost = None if host == "none" else dataclasses.replace(cost, path_stretches=False)
@@ -440,6 +449,7 @@ def _run_sim(
         classes=CLASSES["cpu_measured"],
         default_class="standard",
         router="sla",
+        seed=seed,
     )
     cluster = Cluster(config, requests)
     for replica in cluster.replicas:
@@ -484,9 +494,16 @@ def main(argv: list[str] | None = None) -> None:
         help="real runs of the trace, each on a fresh stack (about 2.5 min each): their mean is the "
         "reference, their spread the real cluster's own noise",
     )
+    p.add_argument(
+        "--sim-seeds",
+        type=int,
+        default=1,
+        help="runs of the simulator under their own seeds (seconds each): its figure is their mean, their "
+        "spread its own noise",
+    )
     args = p.parse_args(argv)
-    if args.real_runs < 1:
-        p.error("--real-runs must be at least 1")
+    if args.real_runs < 1 or args.sim_seeds < 1:
+        p.error("--real-runs and --sim-seeds must be at least 1")
     if args.sim_only and args.measure_profile:
         p.error("--sim-only keeps the recorded real runs and profile: nothing to measure")
     out = args.out or (REPO / "build" / "sim_quick" if args.quick else RESULTS)
@@ -500,7 +517,9 @@ def main(argv: list[str] | None = None) -> None:
         between = measure_profile(
             args.models, args.quick, command, out / "serving_cost.json", args.profile_out or default
         )
-    result = validate(args.models, args.quick, args.drafter, real_from, between, args.real_runs)
+    result = validate(
+        args.models, args.quick, args.drafter, real_from, between, args.real_runs, args.sim_seeds
+    )
     result["wall_minutes"] = round((time.time() - start) / 60, 2)
     result["command"] = command
     if result.get("real_measured") == "this run":

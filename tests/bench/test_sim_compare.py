@@ -188,3 +188,26 @@ def test_more_real_runs_give_the_spread_of_all_of_them():
     lines = validation_lines(validation)
     assert lines[1].startswith("| metric | real run 1 | real run 2 | real run 3 | real run 4 | runs' spread")
     assert "| tpot_p50_s | 0.02 | 0.016 | 0.018 | 0.022 | +37.5% | 0.011 | -42.1% |" in " ".join(lines)
+
+
+def test_the_simulator_under_several_seeds_is_judged_by_their_mean_beside_their_spread():
+    """Three seeds of the model as it stands: "sim" is their mean (the variants stay as given), each
+    metric keeps the seeds' figures and their spread, and the report says how many seeds and how far
+    apart they fell; one seed leaves the comparison as it was."""
+    runs = [figures(tpot_p99_s=0.020), figures(tpot_p99_s=0.022)]
+    seeded = [figures(tpot_p99_s=v) for v in (0.013, 0.015, 0.014)]
+    alone = figures(tpot_p99_s=0.010)
+    out = compare(runs, {"sim": seeded[0], "sim_engine_alone": alone}, seeded)
+    tpot = out["tpot_p99_s"]
+    assert tpot["sim"] == 0.014 and tpot["sim_runs"] == [0.013, 0.015, 0.014]
+    assert tpot["sim_spread"] == pytest.approx(0.1538, abs=1e-4) and tpot["rel_diff"] == round(
+        0.014 / 0.021 - 1, 4
+    )
+    assert tpot["sim_engine_alone"] == 0.010
+    lines = validation_lines({**out, "sim_seeds": 3, "real_measured": "r", "command": "c"})
+    assert any(
+        line.startswith("\nsim: the mean of 3 runs under their own seeds") and "+15.4%" in line
+        for line in lines
+    )
+    single = compare(runs, {"sim": seeded[0]}, seeded[:1])
+    assert single["tpot_p99_s"]["sim"] == 0.013 and "sim_runs" not in single["tpot_p99_s"]

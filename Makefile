@@ -44,12 +44,13 @@ bench: models
 
 # The cluster simulator's benchmark (bench/sim.py): routing x budget arms at 100 and 1,000 simulated GPU
 # replicas, the router's decision time at 1,000, and validation against real Ray Serve (needs the models).
-# About 55 min on an idle 2-core machine: the simulation ~50 (36 runs at 100 replicas, 60 s traces: 3,505
+# About 56 min on an idle 2-core machine: the simulation ~50 (36 runs at 100 replicas, 60 s traces: 3,505
 # CPU-s; 3 runs at 1,000, 60 s traces since session 22: 1,821 CPU-s; ~45 min on 2 workers; then the scale
 # section alone ~6: its trace is 30 s since session 10: ~340 CPU-s, estimated from a 16 s trace's CPU per
-# simulated second), the validation ~5 (two real runs on the committed profile; `$(PY) bench/sim_validate.py --models $(MODELS)
-# --measure-profile` after `bench/sim.py --skip-validation` measures the profile between them instead,
-# ~7.5 min: two real runs of ~2.5 and the measurement ~2). `$(PY) bench/sim.py --quick` is a smoke run.
+# simulated second), the validation ~6 (two real runs on the committed profile, the simulator under six
+# seeds; `$(PY) bench/sim_validate.py --models $(MODELS) --measure-profile` after `bench/sim.py
+# --skip-validation` measures the profile between them instead, ~7.5 min: two real runs of ~2.5 and the
+# measurement ~2). `$(PY) bench/sim.py --quick` is a smoke run.
 sim: install
 	$(PY) bench/sim.py --models $(MODELS)
 	$(PY) bench/route_sim.py  # bench/route.py's two settings simulated, 12 seeds: ~1 min

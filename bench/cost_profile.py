@@ -277,9 +277,10 @@ def _fit_steps(out: dict, serving: dict, command: str) -> dict[str, str]:
         ratios = step_fit.forward_ratios(runs, cost, scale)
         out["sps"]["rates"] = step_fit.reshape_rates(table["points"], table["rates"], ratios)
         out["sps_served"] = True
-        reshaped = "; reshaped to the served forward: each point's forward scaled by the engines' own " + (
-            "forward timers over the table's (at its fitted forward_scale) at the sweep runs' mean steps, "
-            "linear in tokens between them and held beyond (sim/step_fit.py reshape_rates): "
+        reshaped = (
+            "; reshaped to the served forward: each point's forward scaled by the engines' own forward "
+            "timers over the table's (at its fitted forward_scale) at the sweep runs' mean steps, linear in "
+            "tokens between them and held beyond (sim/step_fit.py reshape_rates): "
             + ", ".join(f"{q:.3f} at {b:.2f}" for b, q in sorted(ratios))
         )
         cost = from_dict(out).cost_table()

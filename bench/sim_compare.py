@@ -42,7 +42,7 @@ def compare(real_runs: list[dict], sims: dict[str, dict], seeded: list[dict] | N
             "real_vs_real": rel(values[0], values[1]) if len(values) > 1 else None,
             # The runs' own spread, the largest over the smallest: run 2 against run 1 for two runs
             # (whichever is larger), the whole range for more.
-            "real_spread": rel(min(values), max(values)) if len(values) > 1 and None not in values else None,
+            "real_spread": _spread(values),
         }
         for label, figures in sims.items():
             entry[label] = figures[m]
@@ -52,7 +52,7 @@ def compare(real_runs: list[dict], sims: dict[str, dict], seeded: list[dict] | N
         if seeded and len(seeded) > 1:
             runs = [run[m] for run in seeded]
             entry["sim_runs"] = runs
-            entry["sim_spread"] = rel(min(runs), max(runs)) if None not in runs else None
+            entry["sim_spread"] = _spread(runs)
         out[m] = entry
     judged = [m for m in METRICS if out[m].get("rel_diff") is not None]
     out["max_abs_rel_diff"] = max((abs(out[m]["rel_diff"]) for m in judged), default=None)
@@ -65,6 +65,11 @@ def compare(real_runs: list[dict], sims: dict[str, dict], seeded: list[dict] | N
 
 def _mean(values: list[float | None]) -> float | None:
     return None if None in values else round(sum(values) / len(values), 6)
+
+
+def _spread(values: list[float | None]) -> float | None:
+    """The largest over the smallest, less 1 (None with fewer than two figures or one missing)."""
+    return rel(min(values), max(values)) if len(values) > 1 and None not in values else None
 
 
 def step_view(counters: dict) -> dict:

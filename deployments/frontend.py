@@ -234,6 +234,7 @@ class Frontend:
             operation=span.operation if span is not None else TEXT_COMPLETION,
             **extra,
         )
+        replica_id = None  # which replica answered, where the first event says (the muxed stream's)
         try:
             if mux is None:
                 first = received(await source.__anext__())
@@ -246,7 +247,7 @@ class Frontend:
                 mux.unregister(key)
             collect_decision(rid, route, span)
             raise
-        stream = Stream(rid, len(ids), first, source, span, collect_decision(rid, route, span))
+        stream = Stream(rid, len(ids), first, source, span, collect_decision(rid, route, span, replica_id))
         if mux is not None:
             if first.finished:
                 mux.unregister(key)
@@ -345,10 +346,13 @@ def _retrieve(task: asyncio.Future) -> None:
         task.exception()
 
 
-def collect_decision(request_id: str, route: Newcomer, span: RequestSpan | None = None) -> dict | None:
+def collect_decision(
+    request_id: str, route: Newcomer, span: RequestSpan | None = None, answered_by: str | None = None
+) -> dict | None:
     """The SLA router's decision for this request (None under Serve's routers): logged with its id and
-    recorded as the `dspark.route` event of the request's span, the scores of every replica included."""
-    decision = decisions.pop(route.key)
+    recorded as the `dspark.route` event of the request's span, the scores of every replica included;
+    `answered_by` the replica its first event came from, if known (decisions.pop)."""
+    decision = decisions.pop(route.key, answered_by)
     if decision is not None:
         log.debug("route %s: %s", request_id, json.dumps(decision, separators=(",", ":")))
         if span is not None:

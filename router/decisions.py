@@ -40,15 +40,21 @@ def placed(key: str, replica_id: str) -> None:
             _decisions[key]["placed_on"] = replica_id
 
 
-def pop(key: str) -> dict | None:
-    """The request's decision as trace-ready data, or None when no SLA router decided it."""
+def pop(key: str, answered_by: str | None = None) -> dict | None:
+    """The request's decision as trace-ready data, or None when no SLA router decided it.
+
+    `answered_by`: the replica the request's first event came from, where the ingress knows it. It
+    stands for Serve's confirmation when that has not come yet: Serve confirms only once its own loop
+    has read the replica's accept, and the first event, sent on the multiplexed stream
+    (deployments/stream_mux.py), can overtake it."""
     with _lock:
         entry = _decisions.pop(key, None)
     if entry is None:
         return None
     out = entry["decision"].to_dict()
-    if entry["placed_on"] is not None:
-        out["placed_on"] = entry["placed_on"]
+    placed_on = entry["placed_on"] if entry["placed_on"] is not None else answered_by
+    if placed_on is not None:
+        out["placed_on"] = placed_on
     return out
 
 

@@ -275,6 +275,23 @@ def test_decisions_reach_the_trace_with_where_serve_placed_them():
     assert record["placed_on"] == "b" and decisions.pop("trace-key") is None
 
 
+def test_a_decision_collected_before_serve_confirms_is_placed_where_its_first_event_came_from():
+    # On the multiplexed stream a replica's first event can overtake Serve's confirmation (its accept):
+    # the ingress then names the replica that answered, and Serve's own word wins where it came first.
+    lb = balancer()
+    request = Newcomer(10, 10, STANDARD, key="race-key")
+    idle = {"a": stats(5.0), "b": stats(5.0, running_requests=7)}
+    lb.decide(request, "internal-id", idle, now=5.1)
+    assert decisions.pop("race-key", answered_by="a")["placed_on"] == "a"
+    lb.routed("a", "internal-id", request, now=5.2)  # too late: collected already, and nothing kept
+    assert decisions.pop("race-key") is None
+    lb.decide(request, "internal-id-2", idle, now=5.3)
+    lb.routed("b", "internal-id-2", request, now=5.4)
+    assert decisions.pop("race-key", answered_by="a")["placed_on"] == "b"
+    lb.decide(request, "internal-id-3", idle, now=5.5)
+    assert "placed_on" not in decisions.pop("race-key")  # nobody knows yet: the trace says so
+
+
 def test_a_balancer_that_keeps_no_decisions_decides_the_same_and_leaves_the_registry_alone():
     # The simulator's: nobody collects its decisions, so they must not fill the registry.
     keeping, silent = (

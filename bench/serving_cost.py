@@ -174,10 +174,10 @@ async def _stream(client, model: str, prompt: str, max_tokens: int) -> dict:
     sent (perf_counter), its time to its first token and to its end from then, its engine spans (queue,
     prefill; bench/ttft_split.py) from its replica's timing and its way in (sent to its replica's
     `received` stamp: the client and the replicas share this host's monotonic clock), None without a
-    timing."""
-    from bench.ttft_split import engine_spans, timing_of
+    timing, and the replica that ran it (None if unnamed)."""
+    from bench.ttft_split import engine_spans, replica_of, timing_of
 
-    timing = None
+    timing = replica = None
     sent, sent_monotonic = time.perf_counter(), time.monotonic()
     stream = await client.completions.create(
         model=model,
@@ -194,11 +194,13 @@ async def _stream(client, model: str, prompt: str, max_tokens: int) -> dict:
         if ttft is None and chunk.choices and chunk.choices[0].text:
             ttft = time.perf_counter() - sent
         timing = timing_of(chunk) or timing
+        replica = replica_of(chunk) or replica
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
     end = time.perf_counter() - sent
     received = (timing or {}).get("received")
     return {
+        "replica": replica,
         "tokens": tokens,
         "sent": sent,
         "ttft": ttft if ttft is not None else end,
@@ -486,16 +488,18 @@ def arrival_label(rate: float) -> str:
 def arrival_run(rate: float, duration_s: float, records: list[dict]) -> dict:
     """An open-loop run's requests, each as [sent, its first token, its end] (seconds from the run's
     start; the first token and the end as the client saw them), its way in and its engine's queue and
-    prefill (None without its replica's timing)."""
-    rows = []
-    for r in records:
+    prefill (None without its replica's timing), and its replica (None if unnamed): numbered in the order
+    they first appear, since their ids mean nothing beyond the run's stack."""
+    rows, numbers = [], {}
+    for r in records:  # in the order they were dealt their prompts (sim_arrivals.trace_of relies on it)
         spans = r["spans"] or (None, None)
         first, end = r["sent"] + r["ttft"], r["sent"] + r["end"]
-        rows.append([_r(x) for x in (r["sent"], first, end, r["inbound"], *spans)])
+        replica = None if r.get("replica") is None else numbers.setdefault(r["replica"], len(numbers))
+        rows.append([*(_r(x) for x in (r["sent"], first, end, r["inbound"], *spans)), replica])
     return {"rate": rate, "duration_s": duration_s, "columns": list(ARRIVAL_COLUMNS), "requests": rows}
 
 
-ARRIVAL_COLUMNS = ("sent_s", "first_token_s", "end_s", "inbound_s", "queue_s", "prefill_s")
+ARRIVAL_COLUMNS = ("sent_s", "first_token_s", "end_s", "inbound_s", "queue_s", "prefill_s", "replica")
 
 
 def _r(x: float | None) -> float | None:

@@ -8,7 +8,9 @@ lengths) on two simulated replicas of the profile derived from that measurement
 (sim/profiles/cpu_measured.json, over the SPS table the served replicas used; bench/sim_validate.py
 _run_sim) and sets side by side, per run: TTFT and TPOT p50 / p90 / p99, TTFT's parts (way in, queue,
 prefill) and the engines' steps (steps, mean step wall, tokens and decoding requests per step, the
-stretch of their steps on the host, drafted and accepted tokens).
+stretch of their steps on the host, drafted and accepted tokens); request by request, each side's TPOT by
+the requests decoding beside it, on both replicas and, where the measurement named each request's
+replica, on its own (how unevenly the requests piled up on one replica).
 
 Not a validation on unseen work: the profile's serving-path remainder (path_in_beyond, path_back_beyond)
 was measured on these very runs (bench/cost_profile.py open_loop_beyond) and its step terms on the same
@@ -16,7 +18,8 @@ measurement's closed-loop sweep. What it shows is the engine side at two loads: 
 engines' steps part from the real ones' as the load grows (the validation, bench/sim_validate.py, runs
 at one).
 
-    python bench/sim_arrivals.py [--models models] [--measurement M] [--out bench/results/sim_arrivals.json]
+    python bench/sim_arrivals.py [--models models] [--measurement M] [--profile P]
+                                 [--out bench/results/sim_arrivals.json]
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from sim.profiles import load  # noqa: E402
 from sim.workload import Request  # noqa: E402
 
 MEASUREMENT = REPO / "bench" / "results" / "serving_cost.json"
+PROFILE = REPO / "sim" / "profiles" / "cpu_measured.json"
 QUANTILES = (50, 90, 99)
 
 
@@ -118,11 +122,17 @@ def sim_steps(replicas: list) -> dict:
     return steps_view(*(sum(getattr(r.counters, k) for r in replicas) for k in keys))
 
 
-def compare_runs(measurement: dict, prompts: Sequence[tuple[int, ...]], domains: Sequence[str]) -> dict:
-    """Every open-loop run of the measurement, real beside simulated (on the committed profile)."""
+def compare_runs(
+    measurement: dict,
+    prompts: Sequence[tuple[int, ...]],
+    domains: Sequence[str],
+    profile_path: str | Path = "cpu_measured",
+) -> dict:
+    """Every open-loop run of the measurement, real beside simulated (on the committed profile, or the
+    one derived from the measurement where that is elsewhere)."""
     serving = measurement["serving"]
     table = _engine_table((serving.get("sps_table") or {}).get("path"))
-    profile = load("cpu_measured")
+    profile = load(profile_path)
     out = {}
     for label, run in (serving.get("arrival_runs") or {}).items():
         trace, rows = trace_of(run, prompts, domains, serving["max_tokens"])
@@ -161,7 +171,7 @@ def paired(rows: list[dict], requests: list[Request], max_tokens: int) -> dict:
     real_spans = [(row["first_token_s"], row["end_s"]) for row, _ in pairs]
     sim_spans = [(req.first_token, req.finish) for _, req in pairs]
     real_beside, sim_beside = decoding_beside(real_spans), decoding_beside(sim_spans)
-    return {
+    out = {
         "tpot_correlation": _correlation(real, sim),
         "tpot_real_over_sim": [round(float(v), 3) for v in np.percentile(ratio, (10, 50, 90))],
         "ratio_vs_decoding_beside_sim": _correlation(ratio, sim_beside),
@@ -173,16 +183,41 @@ def paired(rows: list[dict], requests: list[Request], max_tokens: int) -> dict:
             "sim": by_concurrency(1e3 * sim, sim_beside),
         },
     }
+    real_replicas = [row.get("replica") for row, _ in pairs]
+    if None not in real_replicas:  # the measurement named each request's replica
+        sim_replicas = [req.replica for _, req in pairs]
+        real_own, sim_own = (
+            decoding_beside(spans, replicas)
+            for spans, replicas in ((real_spans, real_replicas), (sim_spans, sim_replicas))
+        )
+        out["on_own_replica"] = {
+            side: {
+                "mean_beside": round(float(own.mean()), 3),
+                # Of the requests decoding beside each (itself included), the share on its own replica:
+                # 1 / replicas where the router spreads them evenly, more where they pile up.
+                "share_on_own": round(float((own / beside).mean()), 3),
+                "by_concurrency": by_concurrency(1e3 * tpot, own, OWN_REPLICA_BINS),
+            }
+            for side, tpot, own, beside in (
+                ("real", real, real_own, real_beside),
+                ("sim", sim, sim_own, sim_beside),
+            )
+        }
+    return out
 
 
-# Bins of a request's concurrency (requests decoding beside it, itself included, both replicas together).
+# Bins of a request's concurrency (requests decoding beside it, itself included, both replicas together),
+# and of the same on its own replica only.
 CONCURRENCY_BINS = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0)
+OWN_REPLICA_BINS = (1.0, 1.5, 2.0, 2.5, 3.0, 4.0)
 
 
-def by_concurrency(tpot_ms: np.ndarray, beside: np.ndarray) -> list[dict]:
+def by_concurrency(
+    tpot_ms: np.ndarray, beside: np.ndarray, bins: Sequence[float] = CONCURRENCY_BINS
+) -> list[dict]:
     """Requests and their mean TPOT (ms) per bin of concurrency: below the first edge, between each two,
     from the last on."""
-    edges = (0.0, *CONCURRENCY_BINS, float("inf"))
+    edges = (0.0, *bins, float("inf"))
     rows = []
     for lo, hi in zip(edges, edges[1:]):
         inside = (beside >= lo) & (beside < hi)
@@ -191,12 +226,19 @@ def by_concurrency(tpot_ms: np.ndarray, beside: np.ndarray) -> list[dict]:
     return rows
 
 
-def decoding_beside(spans: list[tuple[float, float]]) -> np.ndarray:
-    """Each span's mean count of spans open at ten instants of its own (itself included)."""
+def decoding_beside(spans: list[tuple[float, float]], replicas: Sequence | None = None) -> np.ndarray:
+    """Each span's mean count of spans open at ten instants of its own (itself included); with each
+    span's replica (`replicas`), only those on its own replica."""
+    on = replicas if replicas is not None else [None] * len(spans)
     return np.array(
         [
-            np.mean([sum(a <= t < b for a, b in spans) for t in np.linspace(first, end, 10, endpoint=False)])
-            for first, end in spans
+            np.mean(
+                [
+                    sum(a <= t < b for (a, b), r in zip(spans, on) if r == mine)
+                    for t in np.linspace(first, end, 10, endpoint=False)
+                ]
+            )
+            for (first, end), mine in zip(spans, on)
         ]
     )
 
@@ -270,12 +312,33 @@ def markdown(result: dict) -> str:
             "| side | " + " | ".join(edges) + " |",
             "|---|" + "---:|" * len(edges),
         ]
-        for side in ("real", "sim"):
-            cells = [
-                "-" if r["tpot_ms"] is None else f"{r['tpot_ms']:.1f} ({r['requests']})" for r in table[side]
-            ]
-            lines.append(f"| {side} | " + " | ".join(cells) + " |")
+        lines += _concurrency_rows(table)
+        own = run["paired"].get("on_own_replica")
+        if not own:
+            continue
+        edges = [f"{r['from']:g}-{r['below']:g}" for r in own["real"]["by_concurrency"]]
+        lines += [
+            "",
+            f"{label}: the same on each request's own replica (the measurement named it). Requests decoding "
+            f"beside each on its replica, mean: real {own['real']['mean_beside']}, sim "
+            f"{own['sim']['mean_beside']}; their share of those on both: real {own['real']['share_on_own']}, "
+            f"sim {own['sim']['share_on_own']}.",
+            "",
+            "| side | " + " | ".join(edges) + " |",
+            "|---|" + "---:|" * len(edges),
+        ]
+        lines += _concurrency_rows({side: own[side]["by_concurrency"] for side in ("real", "sim")})
     return "\n".join(lines) + "\n"
+
+
+def _concurrency_rows(table: dict) -> list[str]:
+    rows = []
+    for side in ("real", "sim"):
+        cells = [
+            "-" if r["tpot_ms"] is None else f"{r['tpot_ms']:.1f} ({r['requests']})" for r in table[side]
+        ]
+        rows.append(f"| {side} | " + " | ".join(cells) + " |")
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -283,6 +346,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--models", type=Path, default=REPO / "models")
     p.add_argument("--measurement", type=Path, default=MEASUREMENT)
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "sim_arrivals.json")
+    p.add_argument(
+        "--profile",
+        type=Path,
+        default=PROFILE,
+        help="the profile derived from the measurement (bench/sim_validate.py --measure-profile --out's)",
+    )
     args = p.parse_args(argv)
     measurement = json.loads(args.measurement.read_text())
     serving = measurement["serving"]
@@ -294,7 +363,7 @@ def main(argv: list[str] | None = None) -> None:
         "command": command.strip(),
         "measurement": f"{args.measurement.name} ({measurement.get('command')}, "
         f"{measurement.get('measured_at')})",
-        "runs": compare_runs(measurement, prompts, domains),
+        "runs": compare_runs(measurement, prompts, domains, args.profile),
     }
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(markdown(result))

@@ -26,6 +26,13 @@ def timing_of(chunk) -> dict | None:
     return (chunk.model_extra or {}).get("dspark", {}).get("timing")
 
 
+def replica_of(chunk) -> str | None:
+    """The replica that ran the request, from a stream's finishing chunk (None for any other chunk)."""
+    if not (chunk.choices and chunk.choices[0].finish_reason is not None):
+        return None
+    return (chunk.model_extra or {}).get("dspark", {}).get("replica")
+
+
 def engine_spans(timing: dict | None) -> tuple[float, float] | None:
     """(queue, prefill) seconds from a replica's `timing` (None when it lacks a stamp)."""
     if not timing:

@@ -45,6 +45,10 @@ class StreamEvent:
     # replica's host, TIMING's order): the engine's part of the time to first token, per request, at
     # the cost of one tuple per request (TPOT needs nothing: every token's event already carries it).
     timing: tuple[float, ...] | None = None
+    # On the last event of a target replica's request: the replica that ran it (Serve's replica id), so a
+    # client can tell which of the deployment's replicas served each request (bench/serving_cost.py's
+    # open-loop runs set each replica's load beside the simulator's).
+    replica: str | None = None
 
     @staticmethod
     def of(out: RequestOutput) -> StreamEvent:
@@ -101,6 +105,7 @@ class StreamEvent:
             self.cached_tokens,
             attrs,
             self.timing,
+            self.replica,
         )
 
     def usage(self) -> dict:
@@ -122,12 +127,12 @@ def received(item: StreamEvent | bytes) -> StreamEvent:
 
 
 def _from_wire(
-    rid, text, token_ids, finished, reason, prompt, completion, spec, cached, attrs, timing=None
+    rid, text, token_ids, finished, reason, prompt, completion, spec, cached, attrs, timing=None, replica=None
 ) -> StreamEvent:
     spec = SpeculationStats(*spec[:-1], tuple(spec[-1]))  # accepted_by_position: a tuple, as built
     timing = None if timing is None else tuple(timing)
     return StreamEvent(
-        rid, text, token_ids, finished, reason, prompt, completion, spec, cached, attrs, timing
+        rid, text, token_ids, finished, reason, prompt, completion, spec, cached, attrs, timing, replica
     )
 
 

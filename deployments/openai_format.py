@@ -4,7 +4,8 @@ Each final body and last chunk also carries `dspark`: the request's speculation 
 official client keeps as an extra field, and from a target replica `timing`: when the request reached the
 replica, when the engine admitted it, ran its first prompt chunk and produced its first token, in
 time.monotonic() seconds of the replica's host (differences are durations anywhere; a client on the
-same host can set them beside its own clock, e.g. bench/ttft_split.py).
+same host can set them beside its own clock, e.g. bench/ttft_split.py), and `replica`: the id of the
+replica that ran it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ def _extras(last: StreamEvent) -> dict:
     extras = {"speculation": last.speculation.to_dict()}
     if last.timing is not None:  # a target replica's: when the engine took the request and answered it
         extras["timing"] = dict(zip(TIMING, last.timing))
+    if last.replica is not None:  # ... and which replica that was
+        extras["replica"] = last.replica
     return {"dspark": extras}
 
 

@@ -181,7 +181,9 @@ class TargetReplica:
                     if m is None
                     else (received, m.arrival_time, m.first_scheduled_time, m.first_token_time)
                 )
-                event = replace(event, span_attributes=trace.finished(item), timing=timing)
+                event = replace(
+                    event, span_attributes=trace.finished(item), timing=timing, replica=_replica_id()
+                )
             return event
 
         interval = self.config.stream_interval

@@ -20,6 +20,7 @@ from bench.cost_profile import (
 )
 from bench.serving_cost import (
     ENGINE_COUNTERS,
+    arrival_run,
     engine_time,
     parse_sweep,
     serving_path,
@@ -137,6 +138,19 @@ def test_write_profile_fits_the_step_and_drafter_terms_to_the_sweeps_over_the_re
     kept = [s for s in fitted["sources"] if not s.startswith(fitted_sources)]
     assert kept == [s for s in plain["sources"] if not s.startswith(fitted_sources)]
     assert len(kept) == len(fitted["sources"]) - 3
+
+
+def test_an_open_loop_runs_requests_keep_their_order_and_number_their_replicas_as_they_appear():
+    def record(sent: float, replica: str | None, spans=(0.001, 0.002)) -> dict:
+        return {"sent": sent, "ttft": 0.05, "end": 0.5, "inbound": 0.01, "spans": spans, "replica": replica}
+
+    records = [record(0.2, "zz9"), record(0.1, "aa1"), record(0.3, "zz9", None), record(0.4, None)]
+    run = arrival_run(2.0, 40.0, records)
+    rows = [dict(zip(run["columns"], row)) for row in run["requests"]]
+    assert [r["sent_s"] for r in rows] == [0.2, 0.1, 0.3, 0.4]  # as dealt their prompts, not re-sorted
+    assert [r["replica"] for r in rows] == [0, 1, 0, None]
+    assert (rows[0]["first_token_s"], rows[0]["end_s"], rows[0]["queue_s"]) == (0.25, 0.7, 0.001)
+    assert rows[2]["queue_s"] is None and rows[2]["prefill_s"] is None
 
 
 def test_the_serving_path_is_the_mean_ttft_less_the_engines_mean_step_per_request():

@@ -95,6 +95,25 @@ def test_pairing_sets_each_requests_real_tpot_beside_its_simulated_one_and_the_c
     sim = {r["from"]: (r["requests"], r["tpot_ms"]) for r in p["by_concurrency"]["sim"]}
     assert real[1.0] == (2, 100.0) and real[2.0] == (2, 200.0) and real[0.0] == (0, None)
     assert sim[1.0] == (2, 100.0) and sim[2.0] == (2, 100.0)
+    assert "on_own_replica" not in p  # the rows name no replica
+
+    # Named: the two together ran on one replica for real and on two in the simulator.
+    for row, replica in zip(rows, (0, 1, 0, 0, 1)):
+        row["replica"] = replica
+    for req, replica in zip(requests, ("r0", "r1", "r0", "r1")):
+        req.replica = replica
+    own = paired(rows, requests, 11)["on_own_replica"]
+    assert (own["real"]["mean_beside"], own["real"]["share_on_own"]) == (1.5, 1.0)
+    assert (own["sim"]["mean_beside"], own["sim"]["share_on_own"]) == (1.0, 0.75)
+    real = {r["from"]: (r["requests"], r["tpot_ms"]) for r in own["real"]["by_concurrency"]}
+    assert real[1.0] == (2, 100.0) and real[2.0] == (2, 200.0)
+    assert {r["from"]: r["requests"] for r in own["sim"]["by_concurrency"]}[1.0] == 4
+    side = {k: quantiles([0.01, 0.02]) for k in ("ttft", "tpot", "inbound", "queue", "prefill")}
+    side["engines"] = steps_view(100, 2.0, 1.0, 150, 120, 7, 3)
+    run = {"real": side, "sim": side, "paired": {**p, "on_own_replica": own}}
+    text = markdown({"measurement": "m", "command": "c", "runs": {"arrivals_r2": run}})
+    assert "on its replica, mean: real 1.5, sim 1.0; their share of those on both: real 1.0, sim 0.75" in text
+    assert "| real | - | 100.0 (2) | - | 200.0 (2) | - | - | - |" in text
 
 
 def test_tpot_by_concurrency_bins_every_request_once():

@@ -43,9 +43,10 @@ def test_text_chunks_equal_the_general_chunks(chat, rid):
 @pytest.mark.parametrize("chat", [False, True])
 def test_the_last_chunk_names_the_replicas_timing(chat):
     """A target replica's last event carries its timing: the last chunk and body name each stamp (the
-    official client keeps them under model_extra["dspark"]); a stream without it (SGLang's) has none."""
+    official client keeps them under model_extra["dspark"]) and the replica; a stream without them
+    (SGLang's) has neither."""
     stamps = (10.0, 10.25, 10.5, 11.0)
-    last = replace(event("", finished=True), timing=stamps)
+    last = replace(event("", finished=True), timing=stamps, replica="3xk9p2")
 
     def chunk(e: StreamEvent) -> dict:
         if chat:
@@ -56,7 +57,9 @@ def test_the_last_chunk_names_the_replicas_timing(chat):
     assert chunk(last)["dspark"]["timing"] == named
     body = fmt.chat_body if chat else fmt.completion_body
     assert body("r", "target", 0, "", last)["dspark"]["timing"] == named
-    assert "timing" not in chunk(event("", finished=True))["dspark"]
+    assert chunk(last)["dspark"]["replica"] == "3xk9p2"
+    assert body("r", "target", 0, "", last)["dspark"]["replica"] == "3xk9p2"
+    assert not {"timing", "replica"} & set(chunk(event("", finished=True))["dspark"])
     assert "dspark" not in chunk(replace(event("a"), timing=stamps))
     parsed = json.loads(fmt.TextChunks("r", "target", 0, chat)(last).removeprefix(b"data: "))
     assert parsed["dspark"]["timing"] == named

@@ -9,7 +9,8 @@ from urllib.parse import urlparse
 
 import openai
 import pytest
-from serving import ENGINE
+from ray import serve
+from serving import APP, ENGINE
 
 from dspark import LLM, SamplingParams
 
@@ -74,6 +75,9 @@ def test_streaming_completion_equals_offline_greedy(client, offline, serve_stack
     stamps = [timing[k] for k in ("received", "admitted", "scheduled", "first_token")]
     assert stamps == sorted(stamps) and stamps[-1] <= time.monotonic()
     assert all("timing" not in (c.model_extra or {}).get("dspark", {}) for c in chunks if c is not last)
+    # ... and the id of the replica that ran it (Serve's), one of the app's target replicas.
+    states = serve.get_deployment_handle("TargetReplica", APP).broadcast("get_state").results(timeout_s=60)
+    assert last.model_extra["dspark"]["replica"] in {state["replica_id"] for state in states}
 
 
 def test_chat_completion_stream_and_not(client, serve_stack):

@@ -385,6 +385,7 @@ def test_an_event_travels_as_bytes_and_arrives_equal():
     events = [
         StreamEvent("r.k", "é \ud800", (7, 8), True, "stop", 5, 9, spec, 2, attrs),
         StreamEvent("r.k", "b", (9,), True, "length", 5, 9, spec, 0, None, (1.5, 1.75, 2.0, 2.5)),
+        StreamEvent("r.k", "b", (9,), True, "length", 5, 9, spec, 0, None, (1.5, 1.75, 2.0, 2.5), "abc123"),
         StreamEvent("r.k", "", (), True, "abort", 5, 0, spec, 0, None, (1.5, 1.75, None, None)),
         _event(0, "a"),
         _event(1, "").aborted(),
@@ -401,7 +402,8 @@ def test_an_event_travels_as_bytes_and_arrives_equal():
 def test_the_last_event_says_when_the_engine_took_the_request_and_answered(replica):
     """The engine's part of a request's time to first token travels on its last event only: when it
     reached the replica, was admitted, ran its first prompt chunk and got its first token, in order, on
-    this host's monotonic clock (bench/ttft_split.py splits the client's TTFT with it)."""
+    this host's monotonic clock (bench/ttft_split.py splits the client's TTFT with it), and which replica
+    that was."""
     params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
 
     async def run():
@@ -411,6 +413,7 @@ def test_the_last_event_says_when_the_engine_took_the_request_and_answered(repli
 
     before, events, after = asyncio.run(run())
     assert [e.timing is None for e in events] == [True] * (len(events) - 1) + [False]
+    assert [e.replica for e in events] == [None] * (len(events) - 1) + ["local"]  # no Serve context here
     received, admitted, scheduled, first_token = events[-1].timing
     assert before <= received <= admitted <= scheduled <= first_token <= after
 

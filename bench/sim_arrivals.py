@@ -197,6 +197,11 @@ def paired(rows: list[dict], requests: list[Request], max_tokens: int) -> dict:
                 # 1 / replicas where the router spreads them evenly, more where they pile up.
                 "share_on_own": round(float((own / beside).mean()), 3),
                 "by_concurrency": by_concurrency(1e3 * tpot, own, OWN_REPLICA_BINS),
+                # The requests alone on their replica by the company on the other replicas: what the
+                # engines beside theirs cost them, the batch itself left out.
+                "alone_by_others": by_concurrency(
+                    1e3 * tpot[own < ALONE], (beside - own)[own < ALONE], OTHERS_BINS
+                ),
             }
             for side, tpot, own, beside in (
                 ("real", real, real_own, real_beside),
@@ -210,6 +215,10 @@ def paired(rows: list[dict], requests: list[Request], max_tokens: int) -> dict:
 # and of the same on its own replica only.
 CONCURRENCY_BINS = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0)
 OWN_REPLICA_BINS = (1.0, 1.5, 2.0, 2.5, 3.0, 4.0)
+# A request is alone on its replica below ALONE requests decoding there on average (itself included); the
+# company on the others then bins by OTHERS_BINS (none, about half its decode, about one, more).
+ALONE = 1.05
+OTHERS_BINS = (0.25, 0.75, 1.25)
 
 
 def by_concurrency(
@@ -328,6 +337,16 @@ def markdown(result: dict) -> str:
             "|---|" + "---:|" * len(edges),
         ]
         lines += _concurrency_rows({side: own[side]["by_concurrency"] for side in ("real", "sim")})
+        edges = [f"{r['from']:g}-{r['below']:g}" for r in own["real"]["alone_by_others"]]
+        lines += [
+            "",
+            f"{label}: the requests alone on their replica (fewer than {ALONE:g} decoding there, itself "
+            "included), TPOT (ms) by the requests decoding on the other replicas meanwhile:",
+            "",
+            "| side | " + " | ".join(edges) + " |",
+            "|---|" + "---:|" * len(edges),
+        ]
+        lines += _concurrency_rows({side: own[side]["alone_by_others"] for side in ("real", "sim")})
     return "\n".join(lines) + "\n"
 
 

@@ -108,12 +108,19 @@ def test_pairing_sets_each_requests_real_tpot_beside_its_simulated_one_and_the_c
     real = {r["from"]: (r["requests"], r["tpot_ms"]) for r in own["real"]["by_concurrency"]}
     assert real[1.0] == (2, 100.0) and real[2.0] == (2, 200.0)
     assert {r["from"]: r["requests"] for r in own["sim"]["by_concurrency"]}[1.0] == 4
+    # Alone on its replica: both sides' first two, beside nobody; the simulator's last two, beside each other.
+    alone = {
+        side: {r["from"]: (r["requests"], r["tpot_ms"]) for r in own[side]["alone_by_others"]} for side in own
+    }
+    assert alone["real"][0.0] == (2, 100.0) and sum(n for n, _ in alone["real"].values()) == 2
+    assert alone["sim"][0.0] == (2, 100.0) and alone["sim"][0.75] == (2, 100.0)
     side = {k: quantiles([0.01, 0.02]) for k in ("ttft", "tpot", "inbound", "queue", "prefill")}
     side["engines"] = steps_view(100, 2.0, 1.0, 150, 120, 7, 3)
     run = {"real": side, "sim": side, "paired": {**p, "on_own_replica": own}}
     text = markdown({"measurement": "m", "command": "c", "runs": {"arrivals_r2": run}})
     assert "on its replica, mean: real 1.5, sim 1.0; their share of those on both: real 1.0, sim 0.75" in text
     assert "| real | - | 100.0 (2) | - | 200.0 (2) | - | - | - |" in text
+    assert "| sim | 100.0 (2) | - | 100.0 (2) | - |" in text  # the alone ones, by the others beside
 
 
 def test_tpot_by_concurrency_bins_every_request_once():

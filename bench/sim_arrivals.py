@@ -312,42 +312,34 @@ def markdown(result: dict) -> str:
         table = (run.get("paired") or {}).get("by_concurrency")
         if not table:
             continue
-        edges = [f"{r['from']:g}-{r['below']:g}" for r in table["real"]]
-        lines += [
-            "",
+        lines += _concurrency_table(
             f"{label}: TPOT (ms) and requests by the requests decoding beside each (both replicas, itself "
             "included), each side by its own count:",
-            "",
-            "| side | " + " | ".join(edges) + " |",
-            "|---|" + "---:|" * len(edges),
-        ]
-        lines += _concurrency_rows(table)
+            table,
+        )
         own = run["paired"].get("on_own_replica")
         if not own:
             continue
-        edges = [f"{r['from']:g}-{r['below']:g}" for r in own["real"]["by_concurrency"]]
-        lines += [
-            "",
+        lines += _concurrency_table(
             f"{label}: the same on each request's own replica (the measurement named it). Requests decoding "
             f"beside each on its replica, mean: real {own['real']['mean_beside']}, sim "
             f"{own['sim']['mean_beside']}; their share of those on both: real {own['real']['share_on_own']}, "
             f"sim {own['sim']['share_on_own']}.",
-            "",
-            "| side | " + " | ".join(edges) + " |",
-            "|---|" + "---:|" * len(edges),
-        ]
-        lines += _concurrency_rows({side: own[side]["by_concurrency"] for side in ("real", "sim")})
-        edges = [f"{r['from']:g}-{r['below']:g}" for r in own["real"]["alone_by_others"]]
-        lines += [
-            "",
+            {side: own[side]["by_concurrency"] for side in ("real", "sim")},
+        )
+        lines += _concurrency_table(
             f"{label}: the requests alone on their replica (fewer than {ALONE:g} decoding there, itself "
             "included), TPOT (ms) by the requests decoding on the other replicas meanwhile:",
-            "",
-            "| side | " + " | ".join(edges) + " |",
-            "|---|" + "---:|" * len(edges),
-        ]
-        lines += _concurrency_rows({side: own[side]["alone_by_others"] for side in ("real", "sim")})
+            {side: own[side]["alone_by_others"] for side in ("real", "sim")},
+        )
     return "\n".join(lines) + "\n"
+
+
+def _concurrency_table(caption: str, table: dict) -> list[str]:
+    """A captioned table of each side's TPOT and requests per bin (by_concurrency's rows)."""
+    edges = [f"{r['from']:g}-{r['below']:g}" for r in table["real"]]
+    header = ["", caption, "", "| side | " + " | ".join(edges) + " |", "|---|" + "---:|" * len(edges)]
+    return header + _concurrency_rows(table)
 
 
 def _concurrency_rows(table: dict) -> list[str]:

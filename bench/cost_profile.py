@@ -29,8 +29,36 @@ PATH_GROUPS = ("proxy", "ingress", "client", "ray_other")  # the serving path be
 PROFILE = REPO / "sim" / "profiles" / "cpu_measured.json"
 
 
-def host_block(serving: dict, cores: int = 2, replicas: int = 2) -> dict:
-    """sim/host.py's HostCost fields from a `serving` measurement (negative noise taken as 0)."""
+# How far back the engines' steps see the serving path's load (HostCost.step_window_s): a modelling choice,
+# made on serving_cost's open-loop runs (bench/sim_arrivals.py): a request alone on its replica decodes
+# 36 % slower beside a busy engine than beside an idle one for real; under the mixed law with the steps
+# reading the path's load over 1 s the simulated one did 10 % slower, over 100 ms 26 %, over 50 ms 24 %
+# (the per-core law over 1 s: 4 %). Of those, 50 ms put the simulated TPOTs nearest the real ones, 100 ms
+# the steps' mean stretch (1.367 and 1.335 against the real 1.293 at 4 requests per second).
+STEP_WINDOW_S = 0.05
+
+
+def sharing_law(sharing: dict | None) -> dict:
+    """How the engines share the cores with the path (HostCost's law, per_core_share, step_window_s): the
+    per-core law over the path's 1 s window without a measurement of it; with bench/host_sharing.py's
+    (`sharing`), "mixed" at the share of the per-core law's stretch its stand-in engines' lone steps paid
+    beyond the fluid law's (the mean over its regimes and engines), the steps seeing STEP_WINDOW_S of the
+    path's load."""
+    if not sharing:
+        return {"law": "per_core", "per_core_share": 1.0, "step_window_s": None}
+    shares = []
+    for regime in sharing["regimes"]:
+        for engine in regime["engines"]:
+            fluid, per_core = engine["law_alone"]["fluid"], engine["law_alone"]["per_core"]
+            if per_core > fluid:
+                shares.append((engine["measured_alone"] - fluid) / (per_core - fluid))
+    share = round(float(np.mean(shares)), 3)
+    return {"law": "mixed", "per_core_share": share, "step_window_s": STEP_WINDOW_S}
+
+
+def host_block(serving: dict, cores: int = 2, replicas: int = 2, sharing: dict | None = None) -> dict:
+    """sim/host.py's HostCost fields from a `serving` measurement (negative noise taken as 0) and the law
+    from bench/host_sharing.py's measurement, if any (sharing_law)."""
     req, tok, idle = serving["cpu_s_per_request"], serving["cpu_s_per_token"], serving["idle_cores"]
     return {
         "cores": cores,
@@ -43,7 +71,7 @@ def host_block(serving: dict, cores: int = 2, replicas: int = 2) -> dict:
         "path_processes": len(PATH_GROUPS) + 1,  # and the replicas' serving threads, counted as one group
         "window_s": 1.0,
         "path_stretches": True,  # the path's CPU stretches with the host's (sim/host.py path_latency)
-        "law": "per_core",  # how the engines share the cores with the path: bench/host_sharing.py measured it
+        **sharing_law(sharing),  # how the engines share the cores with the path
     }
 
 
@@ -107,6 +135,7 @@ def run_rate(run: dict, requests: float) -> dict:
 # direct-ingress path, so the proxy run is kept beside it
 # (bench/serve.py --out bench/results/serve_proxy.json).
 SERVE_PROXY = REPO / "bench" / "results" / "serve_proxy.json"
+HOST_SHARING = REPO / "bench" / "results" / "host_sharing.json"  # bench/host_sharing.py's measurement
 
 
 def request_path_s(serve: dict) -> float:
@@ -135,13 +164,15 @@ def provenance(measurement: dict) -> str:
     return f"{measurement['command']}, started {at}" if at else measurement["command"]
 
 
-def derive_profile(profile: dict, serving: dict, serve: dict, command: str) -> dict:
+def derive_profile(
+    profile: dict, serving: dict, serve: dict, command: str, sharing: dict | None = None
+) -> dict:
     """cpu_measured.json (as a dict) with its host block and request_path_s derived from `serving` (its
     own path run when it has one, else `serve`, bench/serve.py's proxy run); when `serving` has an engine
     sweep, its SPS table and step terms fitted to the sweep, and when it has a draft sweep, its drafter
     terms (a measurement without them leaves those, and their sources, as they are). `command`: the
-    measurement's provenance()."""
-    out = {**profile, "host": host_block(serving)}
+    measurement's provenance(); `sharing`: bench/host_sharing.py's measurement (sharing_law)."""
+    out = {**profile, "host": host_block(serving, sharing=sharing)}
     out["host"].update(path_load_fit(serving, out["host"]))
     out.pop("request_path_in_s", None)  # the measurement's own split, or none
     if "path" in serving:
@@ -237,7 +268,19 @@ def _host_source(serving: dict, command: str, host: dict) -> str:
         f"(Serve's request handling and streaming, in the engine's process); {_per_token_source(host)}"
         "idle_cores = every process of "
         "the stack with no traffic (Ray, Serve's stats polling, the client); cores = this machine's 2; "
-        f"replicas = 2 per host, the validation's layout{beyond}"
+        f"replicas = 2 per host, the validation's layout{beyond}{_law_source(host)}"
+    )
+
+
+def _law_source(host: dict) -> str:
+    if host.get("law") != "mixed":
+        return ""
+    return (
+        f"; law = mixed, per_core_share = {host['per_core_share']}: a step's stretch that share of the way "
+        "from the fluid law's to the per-core law's, the mean share bench/host_sharing.py's stand-in "
+        "engines' steps alone paid (bench/results/host_sharing.json); step_window_s = "
+        f"{host['step_window_s']:g} s: the steps see the path's load over that window, its own latency "
+        "over window_s (bench/cost_profile.py STEP_WINDOW_S, chosen on the open-loop runs)"
     )
 
 
@@ -572,7 +615,8 @@ def profile_from(measurement: dict, base: Path = PROFILE, serve: Path = SERVE_PR
     current = json.loads(base.read_text())
     current["acceptance"] = acceptance_rows(json.loads(ACCEPT.read_text()))
     serve_run = json.loads(serve.read_text())
-    return derive_profile(current, measurement["serving"], serve_run, provenance(measurement))
+    sharing = json.loads(HOST_SHARING.read_text()) if HOST_SHARING.is_file() else None
+    return derive_profile(current, measurement["serving"], serve_run, provenance(measurement), sharing)
 
 
 def write_profile(measured: Path, out: Path = PROFILE) -> dict:

@@ -4,29 +4,39 @@ A profile's step times are one engine measured alone on its core. Served, a host
 the ingress, Ray's own processes and (in the validation) the client, and may run several engines on few
 cores. With `stepping` engines of the host stepping (a step counts itself) and the serving path's
 `path_processes` processes keeping `load` cores busy between them, an engine's share of a core follows
-one of two laws (`HostCost.law`):
+a law (`HostCost.law`):
 
-- "per_core" (the default, measured): each engine stepping holds a core, and the serving path's bursts
-  land evenly on every core, the stepping engines' included, so each engine gets 1 - load / cores of its
-  core whether or not the others step; with more engines stepping than cores they share what the path
-  leaves, (cores - load) / stepping each;
+- "per_core" (the default): each engine stepping holds a core, and the serving path's bursts land evenly
+  on every core, the stepping engines' included, so each engine gets 1 - load / cores of its core whether
+  or not the others step; with more engines stepping than cores they share what the path leaves,
+  (cores - load) / stepping each;
 - "fluid" (max-min fair with perfect balancing): the path's bursts go to whichever core is free and the
-  engines share the rest, min(1, (cores - load) / stepping) each, so a step alone runs at full speed.
+  engines share the rest, min(1, (cores - load) / stepping) each, so a step alone runs at full speed;
+- "mixed" (the measured profile's): a step's stretch lies `per_core_share` of the way from the fluid
+  law's to the per-core law's. The two agree once every core has an engine stepping; they part for a step
+  with a core to spare.
 
-Under both, when a path process wants more than an equal share, cores / (stepping + path_processes),
+Under all, when a path process wants more than an equal share, cores / (stepping + path_processes),
 every runnable process gets that equal share. A step runs 1 / (its engine's share) times longer than
 alone. bench/host_sharing.py measures the laws on this machine with stand-in engines and path processes
 of known CPU (bench/results/host_sharing.md): the per-core law within a few per cent of every regime's
-stretch, the fluid one low by 4-8 % (its steps alone are not at full speed: the path's bursts do not all
-find the free core). The per-core law is itself a simplification: steps alone measured between the two.
+stretch, the fluid one low by 4-8 %; its stand-ins' steps alone paid 47-61 % of the per-core law's
+stretch beyond the fluid law's (the path's bursts do not all find the free core, nor all land on the
+busy ones): the measured profile's per_core_share is their mean (bench/cost_profile.py sharing_law).
 
 The serving path's load is its measured CPU per request, per token and per engine step
 (bench/serving_cost.py, bench/cost_profile.py path_load_fit) at the host's recent rates (an exponentially
-decayed window of `window_s`), plus the stack's idle CPU (Ray, Serve's stats polling). The per-step term
-is there because the path's CPU grows slower than its tokens: a step's tokens leave the replica together
-and the hops behind it carry them in fewer wake-ups and messages the more requests a step serves (on this
-machine, from 1 to 5.5 tokens a step, per token alone overstated the sweep's loads by up to 0.39 cores and
-the validation's by 0.15; per token and per step fit them within 0.06 and 0.03).
+decayed window of `window_s`), plus the stack's idle CPU (Ray, Serve's stats polling). The steps read it
+over a shorter window where the profile gives one (`step_window_s`): the path's work lands on the steps it
+coincides with (a token's hops run as its step ends, a request's as it arrives), so the engines feel its
+bursts, while the path's own latency model (below) was fitted at `window_s`. On the real stack a request
+alone on its replica decodes 36 % slower beside a busy engine than beside an idle one
+(bench/results/sim_arrivals.md); under the per-core law with the steps reading 1 s of the path's load
+the simulated one did 4 % slower, under the mixed law 10 %, and reading 50 ms of it 24 %. The per-step
+term is there because the path's CPU grows slower than its tokens: a step's tokens leave the replica
+together and the hops behind it carry them in fewer wake-ups and messages the more requests a step serves
+(on this machine, from 1 to 5.5 tokens a step, per token alone overstated the sweep's loads by up to 0.39
+cores and the validation's by 0.15; per token and per step fit them within 0.06 and 0.03).
 
 The serving work inside a replica's own process (Serve's request handling, streaming each token out) is
 part of that load: its threads compete with the engine's for a core, they do not hold the engine up.
@@ -49,7 +59,7 @@ engines of the one host). A profile that measured the path's way in (`request_pa
 The engines' steps share the cores as processes do (processor sharing): a step's work is its time alone,
 and whenever a step on the host starts or ends, every step in flight there goes on at the stretch of the
 new mix (`start`, `finish`), so a step that started alone slows down when another starts beside it. The
-serving path's load is read at those moments too (it moves slowly: a decayed window of `window_s`).
+serving path's load is read at those moments too (over `step_window_s`, or `window_s`).
 GPU profiles have no host block: there the step runs on the accelerator and the serving path on the
 node's CPUs (the profile states it).
 
@@ -89,9 +99,13 @@ class HostCost:
     replica_cpu_s_per_token: float = 0.0  # (part of the serving path's load, beside the above)
     cpu_s_per_step: float = 0.0  # the path's CPU per engine step (a step's tokens go out together)
     path_processes: int = 1  # processes (or groups of threads) the serving path's load is spread over
-    window_s: float = 1.0  # how far back the serving path's load is averaged
+    window_s: float = 1.0  # how far back the serving path's load is averaged (for its own latency)
+    # ... and for the steps it competes with (None: window_s): its work lands on the steps it coincides
+    # with, so they see a shorter window of it than the path's own latency model, fitted at window_s.
+    step_window_s: float | None = None
     path_stretches: bool = True  # the path's CPU stretches with the host's (False: its idle latency)
     law: str = "per_core"  # how the engines share the cores with the path (module docstring)
+    per_core_share: float = 1.0  # law "mixed": a step's stretch that far from the fluid law's to per_core's
     # The path's latency beyond the CPU-stretch model by the requests open on it, ((open, seconds), ...)
     # ascending in open, each direction's (module docstring); empty: none measured.
     path_in_beyond: tuple[tuple[int, float], ...] = ()
@@ -101,6 +115,10 @@ class HostCost:
     # request's path draws one (`jitter`). Empty: none measured, every request takes the table's mean.
     path_in_jitter: tuple[float, ...] = ()
     path_back_jitter: tuple[float, ...] = ()
+
+    def stretch_at(self, load: float, stepping: int) -> float:
+        """A step's stretch under this host's law with the path keeping `load` cores busy (`stretch`)."""
+        return stretch(load, self.cores, stepping, self.path_processes, self.law, self.per_core_share)
 
     @property
     def path_cpu_s(self) -> float:
@@ -132,11 +150,14 @@ class HostCost:
 class Host:
     """One host's cores: the engines stepping on it and the serving path's recent CPU rate."""
 
-    __slots__ = ("cost", "_work", "_at", "_left", "_since", "_stretch")
+    __slots__ = ("cost", "_step_window", "_work", "_step_work", "_at", "_left", "_since", "_stretch")
 
     def __init__(self, cost: HostCost) -> None:
         self.cost = cost
-        self._work = 0.0  # serving-path CPU seconds, exponentially decayed to time _at
+        self._step_window = cost.step_window_s or cost.window_s
+        # Serving-path CPU seconds, exponentially decayed to time _at over window_s (the path's own
+        # latency reads it) and over the steps' window (the steps' stretch does).
+        self._work = self._step_work = 0.0
         self._at = 0.0
         self._left: dict[Hashable, float] = {}  # each step in flight: its work left, in seconds alone
         self._since = 0.0  # when the steps in flight last changed
@@ -172,8 +193,8 @@ class Host:
         self._stretch = self.stretch(now)
         return {key: now + left * self._stretch for key, left in self._left.items()}
 
-    def _decayed(self, now: float) -> float:
-        return self._work * math.exp(-(now - self._at) / self.cost.window_s) if now > self._at else self._work
+    def _decayed(self, now: float, work: float, window: float) -> float:
+        return work * math.exp(-(now - self._at) / window) if now > self._at else work
 
     def serve(self, now: float, requests: int = 0, tokens: int = 0, steps: int = 0) -> None:
         """The serving path handled `requests` new requests and streamed `tokens` tokens of `steps` engine
@@ -182,17 +203,22 @@ class Host:
         per_request = c.cpu_s_per_request + c.replica_cpu_s_per_request
         per_token = c.cpu_s_per_token + c.replica_cpu_s_per_token
         work = requests * per_request + tokens * per_token + steps * c.cpu_s_per_step
-        self._work = self._decayed(now) + work
+        self._work = self._decayed(now, self._work, c.window_s) + work
+        self._step_work = self._decayed(now, self._step_work, self._step_window) + work
         self._at = max(self._at, now)
 
     def load(self, now: float) -> float:
-        """Cores the serving path keeps busy now (its recent CPU rate plus the idle stack)."""
-        return self.cost.idle_cores + self._decayed(now) / self.cost.window_s
+        """Cores the serving path keeps busy now (its recent CPU rate over window_s plus the idle stack)."""
+        return self.cost.idle_cores + self._decayed(now, self._work, self.cost.window_s) / self.cost.window_s
+
+    def step_load(self, now: float) -> float:
+        """The same over the steps' window (HostCost.step_window_s): the load a step starting now meets."""
+        window = self._step_window
+        return self.cost.idle_cores + self._decayed(now, self._step_work, window) / window
 
     def stretch(self, now: float) -> float:
         """How much longer than alone a step starting now runs (with `stepping` counting it)."""
-        c = self.cost
-        return stretch(self.load(now), c.cores, self.stepping, c.path_processes, c.law)
+        return self.cost.stretch_at(self.step_load(now), self.stepping)
 
     def path_latency(
         self,
@@ -209,14 +235,22 @@ class Host:
         if not self.cost.path_stretches:
             return idle_s
         c = self.cost
-        cpu_stretch = stretch(self.load(now), c.cores, max(1, self.stepping), c.path_processes, c.law)
+        cpu_stretch = c.stretch_at(self.load(now), max(1, self.stepping))
         stretched = path_latency(idle_s, c.path_cpu_s if cpu_s is None else cpu_s, cpu_stretch)
         return max(0.0, stretched + beyond(beyond_table, open_requests))
 
 
-def stretch(load: float, cores: int, stepping: int, path_processes: int, law: str = "per_core") -> float:
+def stretch(
+    load: float,
+    cores: int,
+    stepping: int,
+    path_processes: int,
+    law: str = "per_core",
+    per_core_share: float = 1.0,
+) -> float:
     """A step's wall over its time alone with `stepping` engines stepping (itself included) and the serving
-    path's `path_processes` keeping `load` cores busy, under `law` (the module docstring's)."""
+    path's `path_processes` keeping `load` cores busy, under `law` (the module docstring's; "mixed": the
+    fluid law's stretch plus `per_core_share` of the way to the per-core law's)."""
     equal = cores / (stepping + path_processes)
     if load / path_processes > equal:
         return max(1.0, 1.0 / equal)
@@ -224,6 +258,9 @@ def stretch(load: float, cores: int, stepping: int, path_processes: int, law: st
         return max(1.0, max(stepping, cores) / (cores - load))
     if law == "fluid":
         return max(1.0, stepping / (cores - load))
+    if law == "mixed":
+        fluid = max(1.0, stepping / (cores - load))
+        return fluid + per_core_share * (max(1.0, max(stepping, cores) / (cores - load)) - fluid)
     raise ValueError(f"unknown host sharing law {law!r}")
 
 

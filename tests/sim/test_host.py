@@ -157,6 +157,51 @@ def test_serving_load_is_its_cpu_at_the_recent_rate_and_decays():
     assert host.stretch(1.0) == pytest.approx(3 / 2)
 
 
+def test_the_mixed_law_lies_its_share_of_the_way_from_the_fluid_law_to_the_per_core_one():
+    # 2 cores, the path at 0.5: alone, fluid 1.0 and per core 2 / 1.5; both stepping, both 2 / 1.5.
+    fluid, per_core = 1.0, 2 / 1.5
+    assert stretch(0.5, 2, 1, 5, "mixed", 0.25) == pytest.approx(fluid + 0.25 * (per_core - fluid), rel=1e-12)
+    assert stretch(0.5, 2, 1, 5, "mixed", 0.0) == stretch(0.5, 2, 1, 5, "fluid")
+    assert stretch(0.5, 2, 1, 5, "mixed", 1.0) == stretch(0.5, 2, 1, 5, "per_core")
+    assert stretch(0.5, 2, 2, 5, "mixed", 0.25) == pytest.approx(per_core, rel=1e-12)
+    cost = HostCost(cores=2, replicas=2, law="mixed", per_core_share=0.25)
+    assert cost.stretch_at(0.5, 1) == stretch(0.5, 2, 1, cost.path_processes, "mixed", 0.25)
+
+
+def test_the_steps_see_the_paths_load_over_their_own_window_and_the_path_over_its():
+    """Work the path just did weighs on the steps starting now over step_window_s (50 ms here) and on the
+    path's own latency over window_s (1 s); without a step window both read the path's."""
+    cost = HostCost(cores=2, replicas=2, cpu_s_per_request=0.01, path_processes=2, step_window_s=0.05)
+    host, plain = Host(cost), Host(dataclasses.replace(cost, step_window_s=None))
+    for h in (host, plain):
+        h.serve(1.0, requests=2)  # 0.02 CPU seconds
+    assert host.load(1.0) == plain.load(1.0) == plain.step_load(1.0) == pytest.approx(0.02)
+    assert host.step_load(1.0) == pytest.approx(0.02 / 0.05)
+    assert host.step_load(1.05) == pytest.approx(0.4 / math.e) and host.load(1.05) == pytest.approx(
+        0.02 * math.exp(-0.05)
+    )
+    host.start(1.0, "a", 1.0)
+    host.start(1.0, "b", 1.0)  # both stepping: they share what the steps' load leaves
+    assert host.stretch(1.0) == pytest.approx(2 / (2 - 0.4))
+    assert host.path_latency(1.0, 0.02, 0.01) == pytest.approx(0.01 + 0.01 * 2 / (2 - 0.02))
+
+
+def test_a_sharing_measurement_sets_the_mixed_law_at_its_stand_ins_share_and_none_keeps_per_core():
+    from bench.cost_profile import STEP_WINDOW_S, sharing_law
+
+    def engine(alone: float, fluid: float, per_core: float) -> dict:
+        return {"measured_alone": alone, "law_alone": {"fluid": fluid, "per_core": per_core}}
+
+    sharing = {
+        "regimes": [
+            {"engines": [engine(1.1, 1.0, 1.2), engine(1.15, 1.0, 1.2)]},
+            {"engines": [engine(1.2, 1.0, 1.4), engine(1.0, 1.0, 1.0)]},  # no room between: left out
+        ]
+    }
+    assert sharing_law(sharing) == {"law": "mixed", "per_core_share": 0.583, "step_window_s": STEP_WINDOW_S}
+    assert sharing_law(None) == {"law": "per_core", "per_core_share": 1.0, "step_window_s": None}
+
+
 def test_each_engine_step_adds_its_cpu_to_the_serving_load_beside_its_tokens():
     cost = HostCost(cores=2, replicas=2, idle_cores=0.1, cpu_s_per_token=0.001, cpu_s_per_step=0.003)
     host = Host(cost)
@@ -247,14 +292,16 @@ def test_the_cpu_profile_is_derived_from_the_committed_measurements():
     """The whole of cpu_measured.json is what bench/serving_cost.py --write-profile makes of the committed
     serving_cost.json and serve_proxy.json (and accept.json's rows, checked below): the host block,
     request_path_s and, once serving_cost.json has an engine sweep, the SPS table and the step terms
-    fitted to it (tests/bench/test_serving_cost.py)."""
+    fitted to it (tests/bench/test_serving_cost.py), and the host's law from host_sharing.json."""
     from bench.cost_profile import derive_profile, provenance
 
     root = Path(__file__).resolve().parents[2]
     measured = json.loads((root / "bench" / "results" / "serving_cost.json").read_text())
     serve = json.loads((root / "bench" / "results" / "serve_proxy.json").read_text())
+    sharing = json.loads((root / "bench" / "results" / "host_sharing.json").read_text())
     committed = json.loads((root / "sim" / "profiles" / "cpu_measured.json").read_text())
-    assert derive_profile(committed, measured["serving"], serve, provenance(measured)) == committed
+    derived = derive_profile(committed, measured["serving"], serve, provenance(measured), sharing)
+    assert derived == committed
     # As JSON (the tables of the path's remainder are lists there, tuples in HostCost).
     assert json.loads(json.dumps(dataclasses.asdict(load("cpu_measured").host))) == committed["host"]
 

@@ -29,12 +29,13 @@ PATH_GROUPS = ("proxy", "ingress", "client", "ray_other")  # the serving path be
 PROFILE = REPO / "sim" / "profiles" / "cpu_measured.json"
 
 
-# How far back the engines' steps see the serving path's load (HostCost.step_window_s): a modelling choice,
-# made on serving_cost's open-loop runs (bench/sim_arrivals.py): a request alone on its replica decodes
-# 36 % slower beside a busy engine than beside an idle one for real; under the mixed law with the steps
-# reading the path's load over 1 s the simulated one did 10 % slower, over 100 ms 26 %, over 50 ms 24 %
-# (the per-core law over 1 s: 4 %). Of those, 50 ms put the simulated TPOTs nearest the real ones, 100 ms
-# the steps' mean stretch (1.367 and 1.335 against the real 1.293 at 4 requests per second).
+# How far back the engines' steps see the serving path's streaming work (HostCost.step_window_s; its
+# requests' work they see over window_s): a modelling choice, made on serving_cost's open-loop runs
+# (bench/sim_arrivals.py). A request alone on its replica decodes 36 % slower beside a busy engine than
+# beside an idle one for real; under the mixed law the simulated one did 10 % slower with the steps
+# seeing the path's work over 1 s, 23 / 25 / 26 % over 100 / 50 / 25 ms (the per-core law over 1 s: 4 %).
+# The shorter the window, the nearer the simulated TPOTs and the farther the steps' mean stretch (at 4
+# requests per second 1.299 / 1.328 / 1.356 against the real 1.293): 50 ms between.
 STEP_WINDOW_S = 0.05
 
 
@@ -279,8 +280,9 @@ def _law_source(host: dict) -> str:
         f"; law = mixed, per_core_share = {host['per_core_share']}: a step's stretch that share of the way "
         "from the fluid law's to the per-core law's, the mean share bench/host_sharing.py's stand-in "
         "engines' steps alone paid (bench/results/host_sharing.json); step_window_s = "
-        f"{host['step_window_s']:g} s: the steps see the path's load over that window, its own latency "
-        "over window_s (bench/cost_profile.py STEP_WINDOW_S, chosen on the open-loop runs)"
+        f"{host['step_window_s']:g} s: the steps see the path's streaming work (per token and per step) "
+        "over that window, its requests' work over window_s, as the path's own latency does all of it "
+        "(bench/cost_profile.py STEP_WINDOW_S, chosen on the open-loop runs)"
     )
 
 

@@ -26,13 +26,15 @@ busy ones): the measured profile's per_core_share is their mean (bench/cost_prof
 
 The serving path's load is its measured CPU per request, per token and per engine step
 (bench/serving_cost.py, bench/cost_profile.py path_load_fit) at the host's recent rates (an exponentially
-decayed window of `window_s`), plus the stack's idle CPU (Ray, Serve's stats polling). The steps read it
-over a shorter window where the profile gives one (`step_window_s`): the path's work lands on the steps it
-coincides with (a token's hops run as its step ends, a request's as it arrives), so the engines feel its
-bursts, while the path's own latency model (below) was fitted at `window_s`. On the real stack a request
-alone on its replica decodes 36 % slower beside a busy engine than beside an idle one
-(bench/results/sim_arrivals.md); under the per-core law with the steps reading 1 s of the path's load
-the simulated one did 4 % slower, under the mixed law 10 %, and reading 50 ms of it 24 %. The per-step
+decayed window of `window_s`), plus the stack's idle CPU (Ray, Serve's stats polling). The steps read its
+streaming part (per token and per step) over a shorter window where the profile gives one
+(`step_window_s`): a token's hops run as its step ends, on the cores the steps want, so the engines feel
+those bursts (a request's own hops run on its way in, before its engine sees it, and on its way out:
+the steps read them over `window_s`, as the path's own latency model, fitted there, reads all of it). On
+the real stack a request alone on its replica decodes 36 % slower beside a busy engine than beside an
+idle one (bench/results/sim_arrivals.md); under the per-core law with the steps reading 1 s of the
+path's load the simulated one did 4 % slower, under the mixed law 10 %, and reading 50 ms of the
+streaming part 25 %. The per-step
 term is there because the path's CPU grows slower than its tokens: a step's tokens leave the replica
 together and the hops behind it carry them in fewer wake-ups and messages the more requests a step serves
 (on this machine, from 1 to 5.5 tokens a step, per token alone overstated the sweep's loads by up to 0.39
@@ -100,8 +102,8 @@ class HostCost:
     cpu_s_per_step: float = 0.0  # the path's CPU per engine step (a step's tokens go out together)
     path_processes: int = 1  # processes (or groups of threads) the serving path's load is spread over
     window_s: float = 1.0  # how far back the serving path's load is averaged (for its own latency)
-    # ... and for the steps it competes with (None: window_s): its work lands on the steps it coincides
-    # with, so they see a shorter window of it than the path's own latency model, fitted at window_s.
+    # ... and for the steps it competes with, its streaming part (None: window_s): a token's hops land on
+    # the steps they coincide with, so the steps see a shorter window of them (module docstring).
     step_window_s: float | None = None
     path_stretches: bool = True  # the path's CPU stretches with the host's (False: its idle latency)
     law: str = "per_core"  # how the engines share the cores with the path (module docstring)
@@ -150,14 +152,25 @@ class HostCost:
 class Host:
     """One host's cores: the engines stepping on it and the serving path's recent CPU rate."""
 
-    __slots__ = ("cost", "_step_window", "_work", "_step_work", "_at", "_left", "_since", "_stretch")
+    __slots__ = (
+        "cost",
+        "_step_window",
+        "_work",
+        "_request_work",
+        "_stream_work",
+        "_at",
+        "_left",
+        "_since",
+        "_stretch",
+    )
 
     def __init__(self, cost: HostCost) -> None:
         self.cost = cost
         self._step_window = cost.step_window_s or cost.window_s
-        # Serving-path CPU seconds, exponentially decayed to time _at over window_s (the path's own
-        # latency reads it) and over the steps' window (the steps' stretch does).
-        self._work = self._step_work = 0.0
+        # Serving-path CPU seconds, exponentially decayed to time _at: all of it over window_s (the path's
+        # own latency reads it), and for the steps' stretch its requests' part over window_s and its
+        # streams' part (per token and per step) over the steps' window.
+        self._work = self._request_work = self._stream_work = 0.0
         self._at = 0.0
         self._left: dict[Hashable, float] = {}  # each step in flight: its work left, in seconds alone
         self._since = 0.0  # when the steps in flight last changed
@@ -202,9 +215,10 @@ class Host:
         c = self.cost
         per_request = c.cpu_s_per_request + c.replica_cpu_s_per_request
         per_token = c.cpu_s_per_token + c.replica_cpu_s_per_token
-        work = requests * per_request + tokens * per_token + steps * c.cpu_s_per_step
-        self._work = self._decayed(now, self._work, c.window_s) + work
-        self._step_work = self._decayed(now, self._step_work, self._step_window) + work
+        request_work, stream_work = requests * per_request, tokens * per_token + steps * c.cpu_s_per_step
+        self._work = self._decayed(now, self._work, c.window_s) + request_work + stream_work
+        self._request_work = self._decayed(now, self._request_work, c.window_s) + request_work
+        self._stream_work = self._decayed(now, self._stream_work, self._step_window) + stream_work
         self._at = max(self._at, now)
 
     def load(self, now: float) -> float:
@@ -212,9 +226,14 @@ class Host:
         return self.cost.idle_cores + self._decayed(now, self._work, self.cost.window_s) / self.cost.window_s
 
     def step_load(self, now: float) -> float:
-        """The same over the steps' window (HostCost.step_window_s): the load a step starting now meets."""
-        window = self._step_window
-        return self.cost.idle_cores + self._decayed(now, self._step_work, window) / window
+        """The load a step starting now meets: the streams' part of the path's work over the steps' window
+        (HostCost.step_window_s; their hops run as the steps end), the requests' over window_s (their
+        hops run on their way in, before their engine sees them, and on their way out), the idle stack."""
+        c, window = self.cost, self._step_window
+        if c.step_window_s is None:  # one window: the path's own load, to the last bit
+            return self.load(now)
+        requests = self._decayed(now, self._request_work, c.window_s) / c.window_s
+        return c.idle_cores + requests + self._decayed(now, self._stream_work, window) / window
 
     def stretch(self, now: float) -> float:
         """How much longer than alone a step starting now runs (with `stepping` counting it)."""

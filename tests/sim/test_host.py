@@ -168,22 +168,24 @@ def test_the_mixed_law_lies_its_share_of_the_way_from_the_fluid_law_to_the_per_c
     assert cost.stretch_at(0.5, 1) == stretch(0.5, 2, 1, cost.path_processes, "mixed", 0.25)
 
 
-def test_the_steps_see_the_paths_load_over_their_own_window_and_the_path_over_its():
-    """Work the path just did weighs on the steps starting now over step_window_s (50 ms here) and on the
-    path's own latency over window_s (1 s); without a step window both read the path's."""
-    cost = HostCost(cores=2, replicas=2, cpu_s_per_request=0.01, path_processes=2, step_window_s=0.05)
+def test_the_steps_see_the_streams_work_over_their_own_window_and_the_rest_over_the_paths():
+    """The path's work for the tokens it streams weighs on the steps starting now over step_window_s
+    (50 ms here), its requests' work and everything for the path's own latency over window_s (1 s); without
+    a step window the steps read the path's load."""
+    cost = HostCost(cores=2, replicas=2, cpu_s_per_request=0.01, cpu_s_per_token=0.001, path_processes=2)
+    cost = dataclasses.replace(cost, step_window_s=0.05)
     host, plain = Host(cost), Host(dataclasses.replace(cost, step_window_s=None))
     for h in (host, plain):
-        h.serve(1.0, requests=2)  # 0.02 CPU seconds
-    assert host.load(1.0) == plain.load(1.0) == plain.step_load(1.0) == pytest.approx(0.02)
-    assert host.step_load(1.0) == pytest.approx(0.02 / 0.05)
-    assert host.step_load(1.05) == pytest.approx(0.4 / math.e) and host.load(1.05) == pytest.approx(
-        0.02 * math.exp(-0.05)
-    )
+        h.serve(1.0, requests=1, tokens=20)  # 0.01 + 0.02 CPU seconds
+    assert host.load(1.0) == plain.load(1.0) == pytest.approx(0.03)
+    assert plain.step_load(1.0) == pytest.approx(0.03)
+    assert plain.step_load(2.0) == pytest.approx(0.03 / math.e)
+    assert host.step_load(1.0) == pytest.approx(0.01 + 0.02 / 0.05)
+    assert host.step_load(1.05) == pytest.approx(0.01 * math.exp(-0.05) + 0.4 / math.e)
     host.start(1.0, "a", 1.0)
     host.start(1.0, "b", 1.0)  # both stepping: they share what the steps' load leaves
-    assert host.stretch(1.0) == pytest.approx(2 / (2 - 0.4))
-    assert host.path_latency(1.0, 0.02, 0.01) == pytest.approx(0.01 + 0.01 * 2 / (2 - 0.02))
+    assert host.stretch(1.0) == pytest.approx(2 / (2 - 0.41))
+    assert host.path_latency(1.0, 0.02, 0.01) == pytest.approx(0.01 + 0.01 * 2 / (2 - 0.03))
 
 
 def test_a_sharing_measurement_sets_the_mixed_law_at_its_stand_ins_share_and_none_keeps_per_core():

@@ -9,6 +9,8 @@ target replicas land only on workers, one per worker, as one-GPU pods hold one r
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 from dataclasses import dataclass
 
@@ -102,6 +104,16 @@ def replicas(app: str, deployment: str) -> dict[str, tuple[str, str]]:
     details = ServeInstanceDetails(**_get_global_client().get_serve_details())
     found = details.applications[app].deployments[deployment].replicas
     return {r.replica_id: (r.state.value, r.node_id) for r in found}
+
+
+def replica_pid(app: str, deployment: str, replica_id: str) -> int:
+    """The process of one replica (the test cluster's nodes all run on this machine)."""
+    from ray.serve.context import _get_global_client
+
+    details = ServeInstanceDetails(**_get_global_client().get_serve_details())
+    found = details.applications[app].deployments[deployment].replicas
+    (pid,) = [r.pid for r in found if r.replica_id == replica_id]
+    return pid
 
 
 def running(app: str, deployment: str) -> dict[str, str]:
@@ -241,7 +253,11 @@ def test_losing_a_worker_mid_load_replaces_its_replica_and_retries_succeed(multi
             timeout_s=60,
             what="streams mid-flight on the replica about to be lost",
         )
-        # A crash, not a drain: the raylet and every process of that node are killed at once.
+        # A crash, not a drain: the raylet and every process of that node are killed at once. The local
+        # cluster kills the node's raylet, and a worker can outlive it long enough to finish its streams
+        # (on a fast machine no stream was cut), so the replica's process is killed first, as a real
+        # node's crash takes it at the same instant.
+        os.kill(replica_pid(spread_app, "TargetReplica", victim_replica), signal.SIGKILL)
         multi.cluster.remove_node(multi.worker(victim_node), allow_graceful=False)
         multi.workers.remove(multi.worker(victim_node))
 

@@ -43,8 +43,8 @@ def sharing_law(sharing: dict | None) -> dict:
     """How the engines share the cores with the path (HostCost's law, per_core_share, step_window_s): the
     per-core law over the path's 1 s window without a measurement of it; with bench/host_sharing.py's
     (`sharing`), "mixed" at the share of the per-core law's stretch its stand-in engines' lone steps paid
-    beyond the fluid law's (the mean over its regimes and engines), the steps seeing STEP_WINDOW_S of the
-    path's load."""
+    beyond the fluid law's (the mean over its regimes and engines), the steps seeing the path's streaming
+    work over STEP_WINDOW_S."""
     if not sharing:
         return {"law": "per_core", "per_core_share": 1.0, "step_window_s": None}
     shares = []

@@ -26,19 +26,20 @@ busy ones): the measured profile's per_core_share is their mean (bench/cost_prof
 
 The serving path's load is its measured CPU per request, per token and per engine step
 (bench/serving_cost.py, bench/cost_profile.py path_load_fit) at the host's recent rates (an exponentially
-decayed window of `window_s`), plus the stack's idle CPU (Ray, Serve's stats polling). The steps read its
-streaming part (per token and per step) over a shorter window where the profile gives one
-(`step_window_s`): a token's hops run as its step ends, on the cores the steps want, so the engines feel
-those bursts (a request's own hops run on its way in, before its engine sees it, and on its way out:
-the steps read them over `window_s`, as the path's own latency model, fitted there, reads all of it). On
-the real stack a request alone on its replica decodes 36 % slower beside a busy engine than beside an
-idle one (bench/results/sim_arrivals.md); under the per-core law with the steps reading 1 s of the
-path's load the simulated one did 4 % slower, under the mixed law 10 %, and reading 50 ms of the
-streaming part 25 %. The per-step
-term is there because the path's CPU grows slower than its tokens: a step's tokens leave the replica
-together and the hops behind it carry them in fewer wake-ups and messages the more requests a step serves
-(on this machine, from 1 to 5.5 tokens a step, per token alone overstated the sweep's loads by up to 0.39
-cores and the validation's by 0.15; per token and per step fit them within 0.06 and 0.03).
+decayed window of `window_s`), plus the stack's idle CPU (Ray, Serve's stats polling). The per-step term
+is there because the path's CPU grows slower than its tokens: a step's tokens leave the replica together
+and the hops behind it carry them in fewer wake-ups and messages the more requests a step serves (on this
+machine, from 1 to 5.5 tokens a step, per token alone overstated the sweep's loads by up to 0.39 cores and
+the validation's by 0.15; per token and per step fit them within 0.06 and 0.03).
+
+The steps read the load's streaming part (per token and per step) over a shorter window where the
+profile gives one (`step_window_s`): a token's hops run as its step ends, on the cores the steps want, so
+the engines feel those bursts (a request's own hops run on its way in, before its engine sees it, and on
+its way out: the steps read them over `window_s`, as the path's own latency model, fitted there, reads
+all of it). On the real stack a request alone on its replica decodes 36 % slower beside a busy engine
+than beside an idle one (bench/results/sim_arrivals.md); under the per-core law with the steps reading
+1 s of the path's load the simulated one did 4 % slower, under the mixed law 10 %, and reading 50 ms of
+the streaming part 25 %.
 
 The serving work inside a replica's own process (Serve's request handling, streaming each token out) is
 part of that load: its threads compete with the engine's for a core, they do not hold the engine up.

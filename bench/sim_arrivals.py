@@ -35,12 +35,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
-from bench.sim_validate import _engine_table, _run_sim  # noqa: E402
+from bench.sim_validate import PROFILE, _engine_table, _run_sim  # noqa: E402
 from sim.profiles import load  # noqa: E402
 from sim.workload import Request  # noqa: E402
 
 MEASUREMENT = REPO / "bench" / "results" / "serving_cost.json"
-PROFILE = REPO / "sim" / "profiles" / "cpu_measured.json"
 QUANTILES = (50, 90, 99)
 
 
@@ -126,7 +125,7 @@ def compare_runs(
     measurement: dict,
     prompts: Sequence[tuple[int, ...]],
     domains: Sequence[str],
-    profile_path: str | Path = "cpu_measured",
+    profile_path: Path = PROFILE,
 ) -> dict:
     """Every open-loop run of the measurement, real beside simulated (on the committed profile, or the
     one derived from the measurement where that is elsewhere)."""

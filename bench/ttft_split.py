@@ -21,16 +21,19 @@ if TYPE_CHECKING:  # not imported: bench/serving_cost.py runs with bench/ first 
 def timing_of(chunk) -> dict | None:
     """The replica's `timing` if `chunk` (an `openai` client's completion chunk) is a stream's finishing
     one, which carries it (deployments/openai_format.py); None for any other chunk."""
-    if not (chunk.choices and chunk.choices[0].finish_reason is not None):
-        return None
-    return (chunk.model_extra or {}).get("dspark", {}).get("timing")
+    return _finishing_extras(chunk).get("timing")
 
 
 def replica_of(chunk) -> str | None:
     """The replica that ran the request, from a stream's finishing chunk (None for any other chunk)."""
+    return _finishing_extras(chunk).get("replica")
+
+
+def _finishing_extras(chunk) -> dict:
+    """The `dspark` extras of a stream's finishing chunk; empty for any other chunk."""
     if not (chunk.choices and chunk.choices[0].finish_reason is not None):
-        return None
-    return (chunk.model_extra or {}).get("dspark", {}).get("replica")
+        return {}
+    return (chunk.model_extra or {}).get("dspark", {})
 
 
 def engine_spans(timing: dict | None) -> tuple[float, float] | None:

@@ -96,23 +96,23 @@ def multi():
             cluster.shutdown()
 
 
-def replicas(app: str, deployment: str) -> dict[str, tuple[str, str]]:
-    """replica id -> (state, node id), from the Serve controller's own view."""
+def replica_details(app: str, deployment: str) -> list:
+    """The deployment's replicas as the Serve controller sees them (ReplicaDetails)."""
     # What `serve status -v` shows; ray.serve exports no public call for it without the dashboard.
     from ray.serve.context import _get_global_client
 
     details = ServeInstanceDetails(**_get_global_client().get_serve_details())
-    found = details.applications[app].deployments[deployment].replicas
-    return {r.replica_id: (r.state.value, r.node_id) for r in found}
+    return details.applications[app].deployments[deployment].replicas
+
+
+def replicas(app: str, deployment: str) -> dict[str, tuple[str, str]]:
+    """replica id -> (state, node id), from the Serve controller's own view."""
+    return {r.replica_id: (r.state.value, r.node_id) for r in replica_details(app, deployment)}
 
 
 def replica_pid(app: str, deployment: str, replica_id: str) -> int:
     """The process of one replica (the test cluster's nodes all run on this machine)."""
-    from ray.serve.context import _get_global_client
-
-    details = ServeInstanceDetails(**_get_global_client().get_serve_details())
-    found = details.applications[app].deployments[deployment].replicas
-    (pid,) = [r.pid for r in found if r.replica_id == replica_id]
+    (pid,) = [r.pid for r in replica_details(app, deployment) if r.replica_id == replica_id]
     return pid
 
 

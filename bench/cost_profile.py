@@ -490,16 +490,16 @@ def path_beyond(serving: dict, host: dict, request_path_s: float, request_path_i
     either."""
     checked = host_check(serving, host, request_path_s, request_path_in_s)
     runs = serving.get("arrival_runs") or {}
-    table = open_loop_beyond(runs, checked) if runs else closed_loop_beyond(checked)
+    residuals = open_loop_residuals(runs, checked) if runs else None
+    table = beyond_means(*residuals) if residuals else closed_loop_beyond(checked)
     if not table:
         return {}
     out = {
         "path_in_beyond": [[n, round(way_in, 5)] for n, way_in, _ in table],
         "path_back_beyond": [[n, round(back, 5)] for n, _, back in table],
     }
-    if runs:  # the requests' spread around those means (HostCost.path_in_jitter, path_back_jitter)
-        way_in, back = open_loop_residuals(runs, checked)
-        for key, by_open, column in (("path_in_jitter", way_in, 1), ("path_back_jitter", back, 2)):
+    if residuals:  # the requests' spread around those means (HostCost.path_in_jitter, path_back_jitter)
+        for key, by_open, column in zip(("path_in_jitter", "path_back_jitter"), residuals, (1, 2)):
             out[key] = spread_quantiles(by_open, {row[0]: row[column] for row in table})
     return out
 
@@ -528,7 +528,14 @@ def open_loop_beyond(runs: dict, checked: dict) -> list[tuple[int, float, float]
     token less its way in and its engine's queue and prefill) less the model's of them at its run's load
     (host_check), the mean over the requests at one count. Counts with fewer than MIN_ARRIVALS requests
     are left out (the simulator holds the table at its ends and interpolates between its counts)."""
-    ins, backs = (means(values) for values in open_loop_residuals(runs, checked))
+    return beyond_means(*open_loop_residuals(runs, checked))
+
+
+def beyond_means(
+    way_in: dict[int, list[float]], back: dict[int, list[float]]
+) -> list[tuple[int, float, float]]:
+    """(open, way in, way back): the mean residuals at each count (open_loop_residuals, means)."""
+    ins, backs = means(way_in), means(back)
     counts = sorted(set(ins) | set(backs))
     return [(n, _at(ins, n), _at(backs, n)) for n in counts]
 

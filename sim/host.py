@@ -155,7 +155,6 @@ class Host:
 
     __slots__ = (
         "cost",
-        "_step_window",
         "_work",
         "_request_work",
         "_stream_work",
@@ -167,10 +166,9 @@ class Host:
 
     def __init__(self, cost: HostCost) -> None:
         self.cost = cost
-        self._step_window = cost.step_window_s or cost.window_s
         # Serving-path CPU seconds, exponentially decayed to time _at: all of it over window_s (the path's
-        # own latency reads it), and for the steps' stretch its requests' part over window_s and its
-        # streams' part (per token and per step) over the steps' window.
+        # own latency reads it), and, with a steps' window, for the steps' stretch its requests' part over
+        # window_s and its streams' part (per token and per step) over the steps' window.
         self._work = self._request_work = self._stream_work = 0.0
         self._at = 0.0
         self._left: dict[Hashable, float] = {}  # each step in flight: its work left, in seconds alone
@@ -218,8 +216,9 @@ class Host:
         per_token = c.cpu_s_per_token + c.replica_cpu_s_per_token
         request_work, stream_work = requests * per_request, tokens * per_token + steps * c.cpu_s_per_step
         self._work = self._decayed(now, self._work, c.window_s) + request_work + stream_work
-        self._request_work = self._decayed(now, self._request_work, c.window_s) + request_work
-        self._stream_work = self._decayed(now, self._stream_work, self._step_window) + stream_work
+        if c.step_window_s is not None:  # without one the steps read the path's own load
+            self._request_work = self._decayed(now, self._request_work, c.window_s) + request_work
+            self._stream_work = self._decayed(now, self._stream_work, c.step_window_s) + stream_work
         self._at = max(self._at, now)
 
     def load(self, now: float) -> float:
@@ -230,8 +229,8 @@ class Host:
         """The load a step starting now meets: the streams' part of the path's work over the steps' window
         (HostCost.step_window_s; their hops run as the steps end), the requests' over window_s (their
         hops run on their way in, before their engine sees them, and on their way out), the idle stack."""
-        c, window = self.cost, self._step_window
-        if c.step_window_s is None:  # one window: the path's own load, to the last bit
+        c, window = self.cost, self.cost.step_window_s
+        if window is None:  # one window: the path's own load, to the last bit
             return self.load(now)
         requests = self._decayed(now, self._request_work, c.window_s) / c.window_s
         return c.idle_cores + requests + self._decayed(now, self._stream_work, window) / window

@@ -31,7 +31,7 @@ def compare(real_runs: list[dict], sims: dict[str, dict], seeded: list[dict] | N
     verdict on "sim": the largest difference, whether all are within 15 %, which are outside, and which
     part from the real mean by more than the real runs part from each other."""
     if seeded and len(seeded) > 1:
-        sims = {**sims, "sim": {m: _mean([run[m] for run in seeded]) for m in METRICS}}
+        sims = {**sims, "sim": mean_figures(seeded)}
     out: dict = {}
     for m in METRICS:
         values = [run[m] for run in real_runs]
@@ -54,12 +54,69 @@ def compare(real_runs: list[dict], sims: dict[str, dict], seeded: list[dict] | N
             entry["sim_runs"] = runs
             entry["sim_spread"] = _spread(runs)
         out[m] = entry
+    judged = _verdict(out)
+    noisy = [m for m in judged if out[m]["real_spread"] is not None]
+    out["beyond_real_noise"] = [m for m in noisy if abs(out[m]["rel_diff"]) > out[m]["real_spread"]]
+    return out
+
+
+def _verdict(out: dict) -> list[str]:
+    """Into `out` (per metric, a "rel_diff" of the simulated figure to the real one): the largest
+    difference, whether all are within 15 % and which are outside; returns the metrics judged (those
+    with a difference)."""
     judged = [m for m in METRICS if out[m].get("rel_diff") is not None]
     out["max_abs_rel_diff"] = max((abs(out[m]["rel_diff"]) for m in judged), default=None)
     out["within_15pct"] = bool(judged) and out["max_abs_rel_diff"] <= LIMIT
     out["outside_15pct"] = [m for m in judged if abs(out[m]["rel_diff"]) > LIMIT]
-    noisy = [m for m in judged if out[m]["real_spread"] is not None]
-    out["beyond_real_noise"] = [m for m in noisy if abs(out[m]["rel_diff"]) > out[m]["real_spread"]]
+    return judged
+
+
+def mean_figures(runs: list[dict]) -> dict:
+    """Each metric's mean over `runs` (a simulator's runs under several seeds)."""
+    return {m: _mean([run[m] for run in runs]) for m in METRICS}
+
+
+def machine_factor(counters: dict, sim_reading: float) -> dict | None:
+    """How much slower than the profile's model a real run's machine did the same work: its stack's CPU
+    (the engines' threads, their CPU over the profile's model read against the simulator's own reading
+    of it, `sim_reading`, which is not 1: the model prices the mean step; and the serving path's busy
+    cores over the run) over the profile's model of the same work. The engines' and the path's factors
+    apart beside it. None where the run's counters lack either part."""
+    needed = ("engine_cpu_s", "engine_model_s", "serving_load_cores", "serving_load_model_cores", "wall_s")
+    if not counters or not sim_reading or any(counters.get(k) is None for k in needed):
+        return None
+    engine = counters["engine_cpu_s"] / sim_reading
+    path = counters["serving_load_cores"] * counters["wall_s"]
+    path_model = counters["serving_load_model_cores"] * counters["wall_s"]
+    return {
+        "stack": round((engine + path) / (counters["engine_model_s"] + path_model), 4),
+        "engine": round(engine / counters["engine_model_s"], 4),
+        "path": round(path / path_model, 4),
+    }
+
+
+def speed_matched(real_runs: list[dict], sim_runs: list[dict], factors: list[dict]) -> dict:
+    """Each real run against the simulator on a machine as much slower than the profile as that run's
+    was (`factors`, machine_factor; `sim_runs[i]` simulated at factors[i]["stack"]): per metric each
+    pair's difference, and the mean of the simulated runs against the mean of the real ones, with the
+    verdict on those means. The machine's speed is an input the profile cannot hold where it drifts from
+    run to run; one factor per run, from its CPU accounting, never from its latencies."""
+    out: dict = {"factors": factors}
+    for m in METRICS:
+        real, sim = [run[m] for run in real_runs], [run[m] for run in sim_runs]
+        out[m] = {
+            "real_runs": real,
+            "sim_runs": sim,
+            "rel_diff_runs": [rel(r, x) for r, x in zip(real, sim)],
+            "real": _mean(real),
+            "sim": _mean(sim),
+            "rel_diff": rel(_mean(real), _mean(sim)),
+        }
+    judged = _verdict(out)
+    out["runs_outside_15pct"] = {
+        m: [i + 1 for i, d in enumerate(out[m]["rel_diff_runs"]) if d is not None and abs(d) > LIMIT]
+        for m in judged
+    }
     return out
 
 
@@ -159,6 +216,7 @@ def validation_lines(validation: dict) -> list[str]:
             ", ".join(beyond) if beyond else "none"
         )
     lines.append(f"\n{verdict}\n")
+    lines += speed_matched_lines(validation.get("speed_matched"))
     checked = (validation.get("profile") or {}).get("host_check")
     if checked:  # the host model on the profile measurement's own runs
         runs = [
@@ -187,6 +245,40 @@ def validation_lines(validation: dict) -> list[str]:
         parts = [f"{p['part']} {p['started']} ({p['minutes']} min)" for p in validation["timeline"]]
         lines.append("Sitting: " + "; ".join(parts) + "\n")
     return lines + split_lines(validation) + step_lines(validation)
+
+
+def speed_matched_lines(matched: dict | None) -> list[str]:
+    """The speed-matched comparison (speed_matched) as a table: each real run beside the simulator on a
+    machine that run's factor slower, and the means."""
+    if not matched:
+        return []
+    factors = matched["factors"]
+    each = [f"run {i + 1} (x{f['stack']:.3f}): real / sim" for i, f in enumerate(factors)]
+    header = ["metric", *each, "mean: real / sim", "sim vs real (means)"]
+    lines = [
+        "Speed-matched: each real run against the simulator on a machine as much slower than the profile's "
+        "as that run's was (xF: the stack's CPU over the profile's model of the same work, from the run's "
+        "CPU accounting; engines' / path's apart: "
+        + ", ".join(f"{f['engine']:.3f} / {f['path']:.3f}" for f in factors)
+        + "):\n",
+        "| " + " | ".join(header) + " |",
+        "|---|" + "---:|" * (len(header) - 1),
+    ]
+    for name in METRICS:
+        m = matched[name]
+        pairs = [
+            f"{r} / {x} ({_pct(d)})" for r, x, d in zip(m["real_runs"], m["sim_runs"], m["rel_diff_runs"])
+        ]
+        cells = [name, *pairs, f"{m['real']} / {m['sim']}", _pct(m["rel_diff"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    outside = matched["outside_15pct"]
+    runs = {m: r for m, r in matched["runs_outside_15pct"].items() if r}
+    verdict = f"outside 15 %: {', '.join(outside)}" if outside else "means all within 15 %"
+    if runs:
+        verdict += "; single runs outside 15 %: " + ", ".join(
+            f"{m} (run {', '.join(map(str, r))})" for m, r in runs.items()
+        )
+    return lines + [f"\n{verdict}\n"]
 
 
 SPLIT_PARTS = (("path_s", "serving path"), ("queue_s", "engine queue"), ("prefill_s", "prefill"))

@@ -23,6 +23,13 @@ Beside the model as it stands ("sim": the engines share the host with the servin
 stretches with the host's contention, sim/host.py), two variants run on the same trace: the path at its
 idle latency ("sim_path_at_idle") and each engine alone on its core ("sim_engine_alone").
 
+Then each real run against the model on a machine as much slower than the profile's as that run's was
+("speed_matched", bench/sim_compare.py): the factor is the run's stack CPU (its engines' threads and its
+serving path's busy cores) over the profile's model of the same work, from the run's CPU accounting, never
+its latencies; the simulated machine is that much slower at all its CPU work (the engines' steps,
+Group.slow, and the serving path, Profile.path_slowed), under the same seeds. Where the machine's speed
+drifts from run to run, this says what of the difference to the runs' mean is the drift and what the model.
+
 This machine's speed drifts (more than 2x within an hour has been seen), so a profile measured at another
 time than the real runs measures another machine. --measure-profile measures the profile in the same
 sitting: between the real runs (after the first of two, the second of four), bench/serving_cost.py's
@@ -60,7 +67,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
 from bench.sim import markdown as sim_markdown  # noqa: E402
-from bench.sim_compare import METRICS, compare  # noqa: E402
+from bench.sim_compare import METRICS, compare, machine_factor, mean_figures, speed_matched  # noqa: E402
 from bench.ttft_split import place, timing_of  # noqa: E402
 from sim import step_fit  # noqa: E402
 from sim.cluster import Cluster, ClusterConfig, Group  # noqa: E402
@@ -192,6 +199,20 @@ def validate(
     for seed in range(1, sim_seeds if seeded else 1):
         requests, _ = _run_sim(trace, table, profile, "path", seed=seed)
         seeded.append(summarize(requests, classes, warmup, duration))
+    # Each real run against the model on a machine as much slower than the profile's as that run's was
+    # (bench/sim_compare.py machine_factor: the stack's CPU over the profile's model of it): the machine's
+    # speed drifts between runs (their engines' CPU per modelled step has parted by 1.5x in one sitting).
+    reading = (out.get("sim_engine_steps") or {}).get("engine_cpu_over_model")
+    factors = [machine_factor(c, reading) if c else None for c in out["real_engine_steps"]]
+    if seeded and factors and None not in factors:
+        matched = []
+        for factor in factors:
+            figures = []
+            for seed in range(len(seeded)):
+                requests, _ = _run_sim(trace, table, profile, seed=seed, slow=factor["stack"])
+                figures.append(summarize(requests, classes, warmup, duration))
+            matched.append(mean_figures(figures))
+        out["speed_matched"] = speed_matched(real_runs, matched, factors)
     # TTFT in parts (serving path, engine queue, prefill; bench/ttft_split.py), each real run's from its
     # replicas' per-request timing and each variant's from its requests.
     out["ttft_split"] = splits
@@ -421,13 +442,17 @@ def _run_sim(
     replicas: int = 2,
     warm: Sequence[tuple[int, ...]] = (),
     seed: int = 0,
+    slow: float = 1.0,
 ) -> tuple[list[Request], list]:
     """The trace on simulated replicas (two, as served); `host`: a SIM_VARIANTS host model; `warm`:
-    prompts every replica's prefix cache holds at the start (SimReplica.warm); `seed`: the cluster's."""
+    prompts every replica's prefix cache holds at the start (SimReplica.warm); `seed`: the cluster's;
+    `slow`: the machine that much slower than the profile's at all its CPU work (the engines' steps,
+    Group.slow, and the serving path, Profile.path_slowed)."""
     cost = profile.host
     if cost is not None and host != "path":
         cost = None if host == "none" else dataclasses.replace(cost, path_stretches=False)
     profile = dataclasses.replace(profile, max_num_seqs=ENGINE["max_num_seqs"], host=cost, cache={})
+    profile = profile.path_slowed(slow)
     if table is not None:
         profile = profile.over_table(table["points"], table["rates"])
     requests = [
@@ -445,7 +470,7 @@ def _run_sim(
         for r in trace
     ]
     config = ClusterConfig(
-        fleet=[Group(profile, replicas)],
+        fleet=[Group(profile, replicas, slow=slow)],
         classes=CLASSES["cpu_measured"],
         default_class="standard",
         router="sla",

@@ -86,7 +86,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,25 @@ class HostCost:
     def stretch_at(self, load: float, stepping: int) -> float:
         """A step's stretch under this host's law with the path keeping `load` cores busy (`stretch`)."""
         return stretch(load, self.cores, stepping, self.path_processes, self.law, self.per_core_share)
+
+    def slowed(self, factor: float) -> HostCost:
+        """The same host `factor` times slower at CPU work (a machine whose speed drifted): every CPU cost
+        and every measured latency of the path scaled by it; its cores, layout, law and windows kept."""
+        if factor <= 0:
+            raise ValueError(f"a host's slow-down factor must be positive, got {factor}")
+        return replace(
+            self,
+            idle_cores=self.idle_cores * factor,
+            cpu_s_per_request=self.cpu_s_per_request * factor,
+            cpu_s_per_token=self.cpu_s_per_token * factor,
+            replica_cpu_s_per_request=self.replica_cpu_s_per_request * factor,
+            replica_cpu_s_per_token=self.replica_cpu_s_per_token * factor,
+            cpu_s_per_step=self.cpu_s_per_step * factor,
+            path_in_beyond=tuple((n, s * factor) for n, s in self.path_in_beyond),
+            path_back_beyond=tuple((n, s * factor) for n, s in self.path_back_beyond),
+            path_in_jitter=tuple(s * factor for s in self.path_in_jitter),
+            path_back_jitter=tuple(s * factor for s in self.path_back_jitter),
+        )
 
     @property
     def path_cpu_s(self) -> float:

@@ -120,6 +120,19 @@ class Profile:
             cache={},
         )
 
+    def path_slowed(self, factor: float) -> Profile:
+        """The serving path on a host `factor` times slower at CPU work: its latencies and its host block's
+        CPU costs scaled (HostCost.slowed). The engine's steps slow by the replicas' own factor
+        (Group.slow), which keeps the engine's table as profiled and heals it online toward the slower
+        forwards, as a real engine on a machine that slowed after its table was timed does."""
+        return replace(
+            self,
+            request_path_s=self.request_path_s * factor,
+            request_path_in_s=None if self.request_path_in_s is None else self.request_path_in_s * factor,
+            host=None if self.host is None else self.host.slowed(factor),
+            cache={},
+        )
+
     def over_table(self, points: Sequence[int], rates: Sequence[float]) -> Profile:
         """The profile over the served replicas' start-up SPS table (from the engine's cache), unless its
         own table is the served forward's already (`sps_served`): that one stays."""

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from bench.sim_compare import METRICS, compare, split_lines, step_view, validation_lines
+from bench.sim_compare import (
+    METRICS,
+    compare,
+    machine_factor,
+    speed_matched,
+    speed_matched_lines,
+    split_lines,
+    step_view,
+    validation_lines,
+)
 
 
 def figures(**given: float) -> dict:
@@ -211,3 +220,40 @@ def test_the_simulator_under_several_seeds_is_judged_by_their_mean_beside_their_
     )
     single = compare(runs, {"sim": seeded[0]}, seeded[:1])
     assert single["tpot_p99_s"]["sim"] == 0.013 and "sim_runs" not in single["tpot_p99_s"]
+
+
+def test_a_runs_machine_factor_is_its_stacks_cpu_over_the_profiles_model_of_the_same_work():
+    counters = {
+        "engine_cpu_s": 66.0,  # the engines' threads
+        "engine_model_s": 60.0,  # the profile's model of the same steps
+        "serving_load_cores": 0.5,  # the serving path's busy cores over the run
+        "serving_load_model_cores": 0.4,  # the profile's host block at the run's rates
+        "wall_s": 100.0,
+    }
+    # The simulator reads its own engines at 1.1 of the model (the model prices the mean step): the
+    # run's engines at 66 / 1.1 = 60 are as fast as the profile; the path is 1.25x slower.
+    factor = machine_factor(counters, 1.1)
+    assert factor == {"stack": round((60 + 50) / (60 + 40), 4), "engine": 1.0, "path": 1.25}
+    assert machine_factor({**counters, "serving_load_cores": None}, 1.1) is None
+    assert machine_factor(counters, None) is None
+
+
+def test_speed_matched_sets_each_real_run_beside_the_sim_at_its_factor_and_judges_the_means():
+    reals = [figures(ttft_p99_s=0.050, tpot_p99_s=0.010), figures(ttft_p99_s=0.070, tpot_p99_s=0.020)]
+    sims = [figures(ttft_p99_s=0.055, tpot_p99_s=0.011), figures(ttft_p99_s=0.065, tpot_p99_s=0.014)]
+    factors = [{"stack": 0.9, "engine": 0.88, "path": 0.95}, {"stack": 1.4, "engine": 1.4, "path": 1.3}]
+    out = speed_matched(reals, sims, factors)
+    ttft = out["ttft_p99_s"]
+    assert ttft["rel_diff_runs"] == [0.1, -0.0714]
+    assert (ttft["real"], ttft["sim"], ttft["rel_diff"]) == (0.06, 0.06, 0.0)
+    tpot = out["tpot_p99_s"]
+    assert tpot["rel_diff_runs"] == [0.1, -0.3] and tpot["rel_diff"] == -0.1667
+    assert out["outside_15pct"] == ["tpot_p99_s"] and out["within_15pct"] is False
+    assert out["runs_outside_15pct"]["tpot_p99_s"] == [2] and out["runs_outside_15pct"]["ttft_p99_s"] == []
+    lines = speed_matched_lines(out)
+    assert "run 2 (x1.400): real / sim" in lines[1]
+    assert "0.88 / 0.95" not in lines[0] and "0.880 / 0.950" in lines[0]
+    row = next(line for line in lines if line.startswith("| tpot_p99_s"))
+    assert "0.02 / 0.014 (-30.0%)" in row and row.endswith("| -16.7% |")
+    assert lines[-1].strip() == "outside 15 %: tpot_p99_s; single runs outside 15 %: tpot_p99_s (run 2)"
+    assert speed_matched_lines(None) == []

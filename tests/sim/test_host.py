@@ -396,3 +396,60 @@ def test_the_forward_rate_a_replica_publishes_is_its_forwards_wall_time_on_the_h
     assert c.forward_wall_s == pytest.approx(2 * c.forward_time_s)
     stats = snapshot(replica, RecentRounds(), cluster.q.now, RecentForwards())
     assert stats["recent_forward_sps"] == pytest.approx(c.steps / c.forward_wall_s, rel=1e-3)
+
+
+def test_a_slower_machine_scales_every_cpu_cost_and_path_latency_and_keeps_the_layout_and_law():
+    """bench/sim_validate.py's speed-matched comparison: the host `factor` times slower at CPU work."""
+    profile = load("cpu_measured")
+    host = profile.host
+    slow = host.slowed(1.5)
+    for name in ("idle_cores", "cpu_s_per_request", "cpu_s_per_token", "replica_cpu_s_per_request"):
+        assert getattr(slow, name) == pytest.approx(1.5 * getattr(host, name))
+    assert slow.replica_cpu_s_per_token == pytest.approx(1.5 * host.replica_cpu_s_per_token)
+    assert slow.cpu_s_per_step == pytest.approx(1.5 * host.cpu_s_per_step)
+    for table in ("path_in_beyond", "path_back_beyond"):
+        got, was = getattr(slow, table), getattr(host, table)
+        assert [n for n, _ in got] == [n for n, _ in was]  # the requests open stay counts
+        assert [s for _, s in got] == pytest.approx([1.5 * s for _, s in was])
+    for quantiles in ("path_in_jitter", "path_back_jitter"):
+        assert getattr(slow, quantiles) == pytest.approx([1.5 * s for s in getattr(host, quantiles)])
+    kept = ("cores", "replicas", "path_processes", "window_s", "step_window_s", "law", "per_core_share")
+    assert all(getattr(slow, k) == getattr(host, k) for k in kept)
+    assert host.slowed(1.0) == host
+    with pytest.raises(ValueError, match="positive"):
+        host.slowed(0.0)
+    path = profile.path_slowed(1.5)
+    assert path.request_path_s == pytest.approx(1.5 * profile.request_path_s)
+    assert path.request_path_in_s == pytest.approx(1.5 * profile.request_path_in_s)
+    assert path.host == slow
+    # The engine's terms are untouched: its steps slow by the replicas' own factor (Group.slow).
+    assert (path.sps_rates, path.forward_scale, path.draft_s_per_step) == (
+        profile.sps_rates,
+        profile.forward_scale,
+        profile.draft_s_per_step,
+    )
+    assert small_profile(request_path_s=0.01).path_slowed(2.0).request_path_in_s is None
+
+
+def test_on_a_machine_twice_as_slow_without_contention_a_lone_request_takes_twice_as_long():
+    """With no host block (each engine on its own core) nothing but the machine's speed changes: the
+    path's latency and every step double, so TTFT and TPOT do too; a factor of 1 changes nothing."""
+
+    def alone(slow: float | None) -> Request:
+        """The request alone; `slow` None: the profile and group as they are, without the factor."""
+        req = Request(
+            rid=0, arrival=0.0, prompt_tokens=32, max_tokens=30, sla_class="standard", domain="easy"
+        )
+        profile = small_profile(request_path_s=0.01, request_path_in_s=0.004)
+        group = Group(profile, 1, "plain", drafting=False)
+        if slow is not None:
+            group = dataclasses.replace(group, profile=profile.path_slowed(slow), slow=slow)
+        config = ClusterConfig(fleet=[group], classes=CLASSES, default_class="standard", router="pow2")
+        Cluster(config, [req]).run(100.0)
+        assert req.outcome == "done"
+        return req
+
+    base, same, slow = alone(None), alone(1.0), alone(2.0)
+    assert (same.first_token, same.finish) == (base.first_token, base.finish)
+    assert slow.first_token == pytest.approx(2 * base.first_token)
+    assert tpot(slow) == pytest.approx(2 * tpot(base))

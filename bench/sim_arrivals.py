@@ -161,10 +161,20 @@ def paired(rows: list[dict], requests: list[Request], max_tokens: int) -> dict:
     own concurrency: a ratio that grows with it is concurrency the simulator underprices. The real count
     also grows wherever the real requests ran slow for any reason (slow requests overlap more)."""
     by_rid = {r.rid: r for r in requests}
-    pairs = [(row, by_rid[i]) for i, row in enumerate(rows) if by_rid[i].outcome == "done" and by_rid[i].tpot]
+    pairs = [
+        (row, by_rid[i])
+        for i, row in enumerate(rows)
+        if by_rid[i].outcome == "done"
+        and by_rid[i].tpot
+        and row["end_s"] is not None
+        and row["first_token_s"] is not None
+        and _tokens(row, max_tokens) > 1
+    ]
     if len(pairs) < 3:
         return {}
-    real = np.array([(row["end_s"] - row["first_token_s"]) / (max_tokens - 1) for row, _ in pairs])
+    real = np.array(
+        [(row["end_s"] - row["first_token_s"]) / (_tokens(row, max_tokens) - 1) for row, _ in pairs]
+    )
     sim = np.array([req.tpot for _, req in pairs])
     ratio = real / sim
     real_spans = [(row["first_token_s"], row["end_s"]) for row, _ in pairs]
@@ -208,6 +218,12 @@ def paired(rows: list[dict], requests: list[Request], max_tokens: int) -> dict:
             )
         }
     return out
+
+
+def _tokens(row: dict, max_tokens: int | None) -> int:
+    """The tokens a real request generated: its row's where it keeps them (the validation's trace, its
+    lengths drawn), else the run's max_tokens (the open-loop runs: every request ran to it)."""
+    return row["generated"] if row.get("generated") is not None else max_tokens
 
 
 # Bins of a request's concurrency (requests decoding beside it, itself included, both replicas together),

@@ -217,6 +217,7 @@ def validation_lines(validation: dict) -> list[str]:
         )
     lines.append(f"\n{verdict}\n")
     lines += speed_matched_lines(validation.get("speed_matched"))
+    lines += paired_lines(validation.get("paired"))
     checked = (validation.get("profile") or {}).get("host_check")
     if checked:  # the host model on the profile measurement's own runs
         runs = [
@@ -279,6 +280,26 @@ def speed_matched_lines(matched: dict | None) -> list[str]:
             f"{m} (run {', '.join(map(str, r))})" for m, r in runs.items()
         )
     return lines + [f"\n{verdict}\n"]
+
+
+def paired_lines(paired: list[dict] | None) -> list[str]:
+    """Request by request (bench/sim_arrivals.py paired), each real run against the model under its first
+    seed: how the real TPOT stands to the simulated one."""
+    if not paired:
+        return []
+    lines = ["Request by request, TPOT real over simulated (the model's first seed), p10 / p50 / p90:"]
+    for i, p in enumerate(paired):
+        if not p:
+            continue
+        own = (p.get("on_own_replica") or {}).get("real", {})
+        lines.append(
+            f"- run {i + 1}: {' / '.join(map(str, p['tpot_real_over_sim']))} (correlation "
+            f"{p['tpot_correlation']}; the ratio's correlation with the requests decoding beside each, "
+            f"simulated {p['ratio_vs_decoding_beside_sim']}, real {p['ratio_vs_decoding_beside_real']}"
+            + (f"; share of that company on its own replica, real {own['share_on_own']}" if own else "")
+            + ")"
+        )
+    return lines + [""]
 
 
 SPLIT_PARTS = (("path_s", "serving path"), ("queue_s", "engine queue"), ("prefill_s", "prefill"))

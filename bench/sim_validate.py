@@ -68,7 +68,7 @@ sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
 from bench.sim import markdown as sim_markdown  # noqa: E402
 from bench.sim_compare import METRICS, compare, machine_factor, mean_figures, speed_matched  # noqa: E402
-from bench.ttft_split import place, timing_of  # noqa: E402
+from bench.ttft_split import place, replica_of, timing_of  # noqa: E402
 from sim import step_fit  # noqa: E402
 from sim.cluster import Cluster, ClusterConfig, Group  # noqa: E402
 from sim.metrics import spread, summarize, ttft_split  # noqa: E402
@@ -152,8 +152,9 @@ def validate(
             profile, recorded = load(REPO / earlier["path"]), earlier
         timeline = real_from.get("timeline", [])
         real_splits = (real_from.get("ttft_split") or {}).get("real_runs", [])
+        real_requests = real_from.get("real_requests") or []
     else:
-        real_runs, counters, real_splits = [], [], []
+        real_runs, counters, real_splits, real_requests = [], [], [], []
         for run in range(runs):
             if run == runs // 2 and between is not None:
                 started = time.time()
@@ -163,6 +164,7 @@ def validate(
             real, steps, inbound = _run_real(target, trace, prompts, engine)
             timeline.append(_span(f"real run {run + 1}", started))
             real_runs.append(summarize(real, classes, warmup, duration))
+            real_requests.append(request_rows(real, inbound))
             scored = [v for r, v in zip(real, inbound) if v is not None and warmup <= r.arrival < duration]
             # Of the path, the way in (arrival to the replica): the replicas share this host's clock.
             real_splits.append({**ttft_split(real, warmup, duration), "inbound_s": spread(scored)})
@@ -193,6 +195,12 @@ def validate(
         splits[label] = ttft_split(requests, warmup, duration)
         if label == "sim":
             out["sim_engine_steps"] = sim_steps(replicas, table, profile)
+            # Request by request, each real run's against the model's (bench/sim_arrivals.py paired).
+            if real_requests:
+                from bench.sim_arrivals import paired  # it imports this module
+
+                out["real_requests"] = real_requests
+                out["paired"] = [paired(_rows(run), requests, None) for run in real_requests]
     # The model as it stands again under other seeds (its routing, the acceptance drawn, the path's
     # spread): its own noise beside the real runs', and its figure the mean over the seeds.
     seeded = [sims["sim"]] if "sim" in sims else []
@@ -217,6 +225,33 @@ def validate(
     # replicas' per-request timing and each variant's from its requests.
     out["ttft_split"] = splits
     return {**out, "sim_seeds": len(seeded) or None, **compare(real_runs, sims, seeded)}
+
+
+# bench/serving_cost.py's ARRIVAL_COLUMNS (its open-loop runs' rows) and the tokens generated.
+REQUEST_COLUMNS = (
+    *("sent_s", "first_token_s", "end_s", "inbound_s", "queue_s", "prefill_s", "replica"),
+    "generated",
+)
+
+
+def request_rows(real: list[Request], inbound: list[float | None]) -> dict:
+    """A real run's requests as bench/serving_cost.py's open-loop runs keep theirs (arrival_run's columns:
+    sent, first token and end at the client, way in, the engine's queue and prefill, the replica numbered
+    in order of first appearance) with the tokens each generated: in the trace's order, for pairing with
+    the simulator's request by request."""
+    rows, numbers = [], {}
+    for req, way_in in zip(real, inbound):
+        queue = prefill = None
+        if req.scheduled is not None and req.admitted is not None and req.first_token is not None:
+            queue, prefill = req.scheduled - req.admitted, req.first_token - req.scheduled
+        replica = None if req.replica is None else numbers.setdefault(req.replica, len(numbers))
+        times = (req.arrival, req.first_token, req.finish, way_in, queue, prefill)
+        rows.append([*(None if x is None else round(x, 5) for x in times), replica, req.generated])
+    return {"columns": list(REQUEST_COLUMNS), "requests": rows}
+
+
+def _rows(run: dict) -> list[dict]:
+    return [dict(zip(run["columns"], row)) for row in run["requests"]]
 
 
 # Simulated variants: label -> the host model ("path": the path stretches; "idle_path": the path at its
@@ -399,6 +434,7 @@ async def _drive(client, model: str, requests: list[Request], prompts: list[str]
                 if req.first_token is None and chunk.choices and chunk.choices[0].text:
                     req.first_token = now
                 timing = timing_of(chunk) or timing
+                req.replica = replica_of(chunk) or req.replica
                 if chunk.usage is not None:
                     req.generated = chunk.usage.completion_tokens
             req.finish, req.outcome = time.perf_counter() - t0, "done"

@@ -30,6 +30,10 @@ its latencies; the simulated machine is that much slower at all its CPU work (th
 Group.slow, and the serving path, Profile.path_slowed), under the same seeds. Where the machine's speed
 drifts from run to run, this says what of the difference to the runs' mean is the drift and what the model.
 
+Every real request is kept (OUT/sim_validate_requests.json: sent, first token and end at the client, way
+in, queue, prefill, its replica, the tokens it generated) and set beside the simulator's request by request
+("paired", bench/sim_arrivals.py paired): where a tail parts, which requests make it and with what company.
+
 This machine's speed drifts (more than 2x within an hour has been seen), so a profile measured at another
 time than the real runs measures another machine. --measure-profile measures the profile in the same
 sitting: between the real runs (after the first of two, the second of four), bench/serving_cost.py's
@@ -44,10 +48,11 @@ Run on an idle machine (the real half measures this machine), by bench/sim.py or
     python bench/sim_validate.py [--quick] [--models models] [--drafter dspark]
     python bench/sim_validate.py --sim-only    # the simulator again, against the recorded real runs
 
-which writes bench/results/sim_validate.json and, when bench/results/sim.json exists, puts the result
-in its "validation" entry (so `bench/sim.py --skip-validation` and this together make the full report).
-With --measure-profile into bench/results, also bench/results/serving_cost.json and the fresh
-sim/profiles/cpu_measured.json (elsewhere, e.g. --quick: OUT/serving_cost.json and OUT/cpu_measured.json).
+which writes bench/results/sim_validate.json (the real requests beside it) and, when bench/results/sim.json
+exists, puts the result in its "validation" entry (so `bench/sim.py --skip-validation` and this together
+make the full report). With --measure-profile into bench/results, also bench/results/serving_cost.json
+and the fresh sim/profiles/cpu_measured.json (elsewhere, e.g. --quick: OUT/serving_cost.json and
+OUT/cpu_measured.json).
 """
 
 from __future__ import annotations
@@ -152,7 +157,8 @@ def validate(
             profile, recorded = load(REPO / earlier["path"]), earlier
         timeline = real_from.get("timeline", [])
         real_splits = (real_from.get("ttft_split") or {}).get("real_runs", [])
-        real_requests = real_from.get("real_requests") or []
+        real_requests = real_from.get("real_requests")
+        real_requests = real_requests if isinstance(real_requests, list) else []  # a name: its file is gone
     else:
         real_runs, counters, real_splits, real_requests = [], [], [], []
         for run in range(runs):
@@ -227,6 +233,7 @@ def validate(
     return {**out, "sim_seeds": len(seeded) or None, **compare(real_runs, sims, seeded)}
 
 
+REQUESTS_FILE = "sim_validate_requests.json"  # beside sim_validate.json: each real run's requests
 # bench/serving_cost.py's ARRIVAL_COLUMNS (its open-loop runs' rows) and the tokens generated.
 REQUEST_COLUMNS = (
     *("sent_s", "first_token_s", "end_s", "inbound_s", "queue_s", "prefill_s", "replica"),
@@ -248,6 +255,15 @@ def request_rows(real: list[Request], inbound: list[float | None]) -> dict:
         times = (req.arrival, req.first_token, req.finish, way_in, queue, prefill)
         rows.append([*(None if x is None else round(x, 5) for x in times), replica, req.generated])
     return {"columns": list(REQUEST_COLUMNS), "requests": rows}
+
+
+def requests_json(runs: list[dict]) -> str:
+    """The real runs' requests (request_rows each) as JSON, a request to a line."""
+    parts = []
+    for run in runs:
+        rows = ",\n".join(json.dumps(row) for row in run["requests"])
+        parts.append(f'{{"columns": {json.dumps(run["columns"])}, "requests": [\n{rows}\n]}}')
+    return "[\n" + ",\n".join(parts) + "\n]\n"
 
 
 def _rows(run: dict) -> list[dict]:
@@ -571,7 +587,11 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     command = "python bench/sim_validate.py " + " ".join(argv if argv is not None else sys.argv[1:])
     start = time.time()
-    real_from = json.loads((out / "sim_validate.json").read_text()) if args.sim_only else None
+    real_from = None
+    if args.sim_only:
+        real_from = json.loads((out / "sim_validate.json").read_text())
+        if (out / REQUESTS_FILE).is_file():  # the real runs' requests, kept apart (below)
+            real_from["real_requests"] = json.loads((out / REQUESTS_FILE).read_text())
     between = None
     if args.measure_profile:
         default = PROFILE if out.resolve() == RESULTS.resolve() else out / "cpu_measured.json"
@@ -585,6 +605,12 @@ def main(argv: list[str] | None = None) -> None:
     result["command"] = command
     if result.get("real_measured") == "this run":
         result["real_measured"] = command
+    # The real runs' requests go to a file of their own, one line each: thousands of rows would bury the
+    # figures (and the report's copy of them in sim.json) line by line.
+    requests = result.pop("real_requests", None)
+    if requests is not None:
+        (out / REQUESTS_FILE).write_text(requests_json(requests))
+        result["real_requests"] = REQUESTS_FILE
     (out / "sim_validate.json").write_text(json.dumps(result, indent=1))
     report = out / "sim.json"
     if report.is_file():

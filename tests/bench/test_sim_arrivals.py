@@ -135,3 +135,31 @@ def test_tpot_by_concurrency_bins_every_request_once():
         (8.0, 1, 30.0),
     ]
     assert rows[-1]["below"] == float("inf")
+
+
+def test_pairing_reads_each_rows_own_token_count_and_leaves_out_the_rows_without_an_end():
+    """The validation's trace draws each request's length: its rows keep what each generated."""
+    from bench.sim_arrivals import paired
+
+    rows, requests = [], []
+    for i, generated in enumerate((11, 21, 6, 2)):
+        rows.append({"sent_s": i - 0.1, "first_token_s": float(i), "end_s": i + 0.01 * (generated - 1)})
+        rows[-1]["generated"] = generated
+        requests.append(
+            Request(
+                i,
+                i - 0.1,
+                8,
+                generated,
+                "standard",
+                "code",
+                first_token=float(i),
+                finish=i + 0.005 * (generated - 1),
+                generated=generated,
+                outcome="done",
+            )
+        )
+    rows[3]["end_s"] = None  # its stream never ended for real: left out
+    p = paired(rows, requests, None)
+    assert p["tpot_real_over_sim"] == [2.0, 2.0, 2.0]  # 10 ms a token real, 5 simulated, whatever the length
+    assert sum(r["requests"] for r in p["by_concurrency"]["real"]) == 3

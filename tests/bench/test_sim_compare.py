@@ -3,6 +3,8 @@ beside their own spread, and the engines' steps set side by side."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from bench.sim_compare import (
@@ -257,3 +259,52 @@ def test_speed_matched_sets_each_real_run_beside_the_sim_at_its_factor_and_judge
     assert "0.02 / 0.014 (-30.0%)" in row and row.endswith("| -16.7% |")
     assert lines[-1].strip() == "outside 15 %: tpot_p99_s; single runs outside 15 %: tpot_p99_s (run 2)"
     assert speed_matched_lines(None) == []
+
+
+def test_the_validation_keeps_each_real_request_as_the_open_loop_runs_keep_theirs():
+    from bench.serving_cost import ARRIVAL_COLUMNS
+    from bench.sim_validate import REQUEST_COLUMNS, request_rows
+    from sim.workload import Request
+
+    assert REQUEST_COLUMNS == (*ARRIVAL_COLUMNS, "generated")  # bench/sim_arrivals.py reads both alike
+    done = Request(0, 1.0, 8, 5, "standard", "code", replica="SERVE_REPLICA::b", first_token=1.05)
+    done.finish, done.generated, done.outcome = 1.09, 5, "done"
+    done.admitted, done.scheduled = 1.02, 1.03
+    other = Request(1, 2.0, 8, 5, "standard", "code", replica="SERVE_REPLICA::a", first_token=2.04)
+    other.finish, other.generated = 2.2, 5  # no replica timing: no queue or prefill
+    again = Request(2, 3.0, 8, 5, "standard", "code", replica="SERVE_REPLICA::b")  # never answered
+    run = request_rows([done, other, again], [0.012, None, None])
+    assert run["columns"] == list(REQUEST_COLUMNS)
+    assert run["requests"][0] == [1.0, 1.05, 1.09, 0.012, 0.01, 0.02, 0, 5]
+    assert run["requests"][1] == [2.0, 2.04, 2.2, None, None, None, 1, 5]  # replicas numbered as they come
+    assert run["requests"][2] == [3.0, None, None, None, None, None, 0, 0]
+
+
+def test_the_report_says_request_by_request_how_the_real_tpot_stands_to_the_simulated():
+    from bench.sim_compare import paired_lines
+
+    p = {
+        "tpot_real_over_sim": [0.9, 1.02, 1.3],
+        "tpot_correlation": 0.7,
+        "ratio_vs_decoding_beside_sim": 0.1,
+        "ratio_vs_decoding_beside_real": 0.2,
+        "on_own_replica": {"real": {"share_on_own": 0.72}},
+    }
+    lines = paired_lines([p, {}])
+    assert lines[1] == (
+        "- run 1: 0.9 / 1.02 / 1.3 (correlation 0.7; the ratio's correlation with the requests decoding "
+        "beside each, simulated 0.1, real 0.2; share of that company on its own replica, real 0.72)"
+    )
+    assert len(lines) == 3 and paired_lines(None) == []
+
+
+def test_the_real_requests_file_holds_a_request_to_a_line_and_reads_back_as_written():
+    from bench.sim_validate import requests_json
+
+    runs = [
+        {"columns": ["sent_s", "generated"], "requests": [[0.5, 12], [1.25, None]]},
+        {"columns": ["sent_s", "generated"], "requests": [[0.75, 3]]},
+    ]
+    text = requests_json(runs)
+    assert json.loads(text) == runs
+    assert "[1.25, null]" in text.splitlines()  # one request per line

@@ -192,6 +192,8 @@ def paired(rows: list[dict], requests: list[Request], max_tokens: int) -> dict:
             "sim": by_concurrency(1e3 * sim, sim_beside),
         },
     }
+    # Over the run, window by window of arrivals: how each side's mean TPOT follows the trace's load.
+    out["by_window"] = load_response(np.array([row["sent_s"] for row, _ in pairs]), real, sim)
     real_replicas = [row.get("replica") for row, _ in pairs]
     if None not in real_replicas:  # the measurement named each request's replica
         sim_replicas = [req.replica for _, req in pairs]
@@ -265,6 +267,33 @@ def decoding_beside(spans: list[tuple[float, float]], replicas: Sequence | None 
             for (first, end), mine in zip(spans, on)
         ]
     )
+
+
+WINDOW_S = 10.0  # load_response's windows of arrivals
+
+
+def load_response(sent: np.ndarray, real: np.ndarray, sim: np.ndarray, width_s: float = WINDOW_S) -> dict:
+    """Each side's mean TPOT over the requests sent in each window of `width_s` (ms; windows with fewer
+    than 5 requests left out), their correlation, and the real means' least-squares slope on the
+    simulated ones: above 1, the real TPOT rises and falls with the trace's load more than the
+    simulated one does."""
+    windows = []
+    for start in np.arange(0.0, float(sent.max()) + width_s, width_s):
+        inside = (sent >= start) & (sent < start + width_s)
+        if inside.sum() >= 5:
+            windows.append((float(start), 1e3 * real[inside].mean(), 1e3 * sim[inside].mean()))
+    if len(windows) < 3:
+        return {}
+    _, real_ms, sim_ms = (np.array(x) for x in zip(*windows))
+    slope = float(np.polyfit(sim_ms, real_ms, 1)[0]) if sim_ms.std() > 0 else None
+    return {
+        "width_s": width_s,
+        "from_s": [w[0] for w in windows],
+        "real_ms": [round(float(x), 2) for x in real_ms],
+        "sim_ms": [round(float(x), 2) for x in sim_ms],
+        "correlation": _correlation(real_ms, sim_ms),
+        "slope_real_on_sim": None if slope is None else round(slope, 3),
+    }
 
 
 def _correlation(a: np.ndarray, b: np.ndarray) -> float | None:

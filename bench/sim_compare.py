@@ -299,6 +299,12 @@ def paired_lines(paired: list[dict] | None) -> list[str]:
             + (f"; share of that company on its own replica, real {own['share_on_own']}" if own else "")
             + ")"
         )
+        windows = p.get("by_window")
+        if windows:  # how each side follows the trace's load
+            lines[-1] += (
+                f"; mean TPOT over each {windows['width_s']:g} s of arrivals, real on simulated: slope "
+                f"{windows['slope_real_on_sim']}, correlation {windows['correlation']}"
+            )
     return lines + [""]
 
 

@@ -163,3 +163,18 @@ def test_pairing_reads_each_rows_own_token_count_and_leaves_out_the_rows_without
     p = paired(rows, requests, None)
     assert p["tpot_real_over_sim"] == [2.0, 2.0, 2.0]  # 10 ms a token real, 5 simulated, whatever the length
     assert sum(r["requests"] for r in p["by_concurrency"]["real"]) == 3
+
+
+def test_the_load_response_sets_each_windows_mean_tpot_side_by_side_and_the_real_ones_slope_on_the_sim():
+    from bench.sim_arrivals import load_response
+
+    sent = np.repeat(np.arange(4) * 10.0 + 1.0, 6)  # six requests in each of four 10 s windows
+    sim = np.repeat(np.array([0.004, 0.005, 0.006, 0.005]), 6)
+    real = 2 * sim - 0.004  # the real TPOT swings twice as far with the load
+    out = load_response(sent, real, sim)
+    assert out["from_s"] == [0.0, 10.0, 20.0, 30.0]
+    assert out["sim_ms"] == [4.0, 5.0, 6.0, 5.0] and out["real_ms"] == [4.0, 6.0, 8.0, 6.0]
+    assert out["slope_real_on_sim"] == pytest.approx(2.0) and out["correlation"] == pytest.approx(1.0)
+    assert load_response(sent[:12], real[:12], sim[:12]) == {}  # two windows say nothing of a slope
+    few = load_response(np.append(sent, 45.0), np.append(real, 0.1), np.append(sim, 0.1))
+    assert few["from_s"] == [0.0, 10.0, 20.0, 30.0]  # a window of one request is left out

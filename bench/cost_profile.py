@@ -521,6 +521,12 @@ def spread_quantiles(by_open: dict[int, list[float]], means: dict[int, float]) -
 MIN_ARRIVALS = 5  # requests that arrived with one count open, for that count's mean to stand in the table
 
 
+def arrival_rows(run: dict) -> list[dict]:
+    """An open-loop run's requests (bench/serving_cost.py arrival_run: columns and rows), each as a dict by
+    column; the validation's real runs keep theirs alike (bench/sim_validate.py request_rows)."""
+    return [dict(zip(run["columns"], row)) for row in run["requests"]]
+
+
 def open_loop_beyond(runs: dict, checked: dict) -> list[tuple[int, float, float]]:
     """(open, way in, way back) beyond the model: every timed request of the open-loop runs (serving_cost
     arrival_runs) by the requests open when it arrived (sent and not yet ended, itself included; for its
@@ -556,7 +562,7 @@ def open_loop_residuals(runs: dict, checked: dict) -> tuple[dict[int, list[float
             continue
         model_in = model["path_in_model_ms"] / 1e3
         model_back = (model["path_model_ms"] - model["path_in_model_ms"]) / 1e3
-        rows = [dict(zip(run["columns"], row)) for row in run["requests"]]
+        rows = arrival_rows(run)
         spans = [(r["sent_s"], r["end_s"]) for r in rows]
         for r in rows:
             if None in (r["inbound_s"], r["queue_s"], r["prefill_s"]):

@@ -35,6 +35,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
+from bench.cost_profile import arrival_rows  # noqa: E402
 from bench.sim_validate import PROFILE, _engine_table, _run_sim  # noqa: E402
 from sim.profiles import load  # noqa: E402
 from sim.workload import Request  # noqa: E402
@@ -54,7 +55,7 @@ def trace_of(run: dict, prompts: Sequence[tuple[int, ...]], domains: Sequence[st
     """An open-loop run's requests (serving_cost arrival_runs entry) as a simulator trace: each at its send
     time, with the prompt it was sent (the run's prompts in turn, as bench/serving_cost.py's
     _drive_arrivals deals them) and its max_tokens (ignore_eos: each ran to it)."""
-    rows = [dict(zip(run["columns"], row)) for row in run["requests"]]
+    rows = arrival_rows(run)
     trace = [
         Request(
             rid=i,

@@ -203,10 +203,11 @@ def validate(
             out["sim_engine_steps"] = sim_steps(replicas, table, profile)
             # Request by request, each real run's against the model's (bench/sim_arrivals.py paired).
             if real_requests:
+                from bench.cost_profile import arrival_rows
                 from bench.sim_arrivals import paired  # it imports this module
 
                 out["real_requests"] = real_requests
-                out["paired"] = [paired(_rows(run), requests, None) for run in real_requests]
+                out["paired"] = [paired(arrival_rows(run), requests, None) for run in real_requests]
     # The model as it stands again under other seeds (its routing, the acceptance drawn, the path's
     # spread): its own noise beside the real runs', and its figure the mean over the seeds.
     seeded = [sims["sim"]] if "sim" in sims else []
@@ -217,7 +218,7 @@ def validate(
     # (bench/sim_compare.py machine_factor: the stack's CPU over the profile's model of it): the machine's
     # speed drifts between runs (their engines' CPU per modelled step has parted by 1.5x in one sitting).
     reading = (out.get("sim_engine_steps") or {}).get("engine_cpu_over_model")
-    factors = [machine_factor(c, reading) if c else None for c in out["real_engine_steps"]]
+    factors = [machine_factor(c, reading) for c in out["real_engine_steps"]]
     if seeded and factors and None not in factors:
         matched = []
         for factor in factors:
@@ -264,10 +265,6 @@ def requests_json(runs: list[dict]) -> str:
         rows = ",\n".join(json.dumps(row) for row in run["requests"])
         parts.append(f'{{"columns": {json.dumps(run["columns"])}, "requests": [\n{rows}\n]}}')
     return "[\n" + ",\n".join(parts) + "\n]\n"
-
-
-def _rows(run: dict) -> list[dict]:
-    return [dict(zip(run["columns"], row)) for row in run["requests"]]
 
 
 # Simulated variants: label -> the host model ("path": the path stretches; "idle_path": the path at its

@@ -61,6 +61,8 @@ from sim.scenario import Scenario, run  # noqa: E402
 RESULTS = REPO / "bench" / "results"
 ROUTERS = ("pow2", "round_robin", "sla")
 # At the largest fleet (each run is long) only these, unless --all-arms-1000: the baseline and ours.
+# Per arm, what speculation did (sim/scenario.py rounds_work).
+WORK = ("verify_per_round", "accepted_per_round", "accepted_share")
 KEY_ARMS = {("pow2", "fixed"), ("sla", "engine"), ("sla", "controller")}
 
 
@@ -293,15 +295,19 @@ def summary(results: list[dict]) -> dict:
 
 
 def _compare(results: list[dict], at: list[dict], n: int) -> dict:
-    cell = {
-        (r["scenario"]["router"], r["scenario"]["scheduler"]): r["summary"]
-        for r in at
-        if r["scenario"]["replicas"] == n
+    runs = {
+        (r["scenario"]["router"], r["scenario"]["scheduler"]): r for r in at if r["scenario"]["replicas"] == n
     }
-    ours = cell.get(("sla", "controller")) or cell.get(("sla", "engine"))
-    base = cell.get(("pow2", "fixed"))
+    cell = {arm: r["summary"] for arm, r in runs.items()}
+    ours_arm = ("sla", "controller") if ("sla", "controller") in cell else ("sla", "engine")
+    ours, base = cell.get(ours_arm), cell.get(("pow2", "fixed"))
     if not ours or not base:
         return {}
+    # The speculation each arm ran beside its goodput: a gain is credited only with the work that made it.
+    work = {
+        "+".join(arm): {k: runs[arm][k] for k in WORK if k in runs[arm]}
+        for arm in (ours_arm, ("pow2", "fixed"))
+    }
     return {
         "replicas": n,
         "ours": "sla + controller"
@@ -313,6 +319,7 @@ def _compare(results: list[dict], at: list[dict], n: int) -> dict:
         "attainment_at_80pct": ours["attainment"],
         "attainment_pow2_fixed_at_80pct": base["attainment"],
         "goodput_at_sla": goodput_at_sla(results, n),
+        "work_at_80pct": work,
     }
 
 
@@ -348,25 +355,33 @@ def markdown(report: dict) -> str:
         lines.append(f"The arms at {n} replicas were simulated by `{source}`.\n")
     lines.append(
         "| replicas | router | budget | load | attainment | 1st / 2nd half | goodput req/s | TTFT p99 s "
-        "| TPOT p99 s | verify/round |"
+        "| TPOT p99 s | verify/round | accepted/round | accepted share |"
     )
-    lines.append("|---:|---|---|---:|---:|---|---:|---:|---:|---:|")
+    lines.append("|---:|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")
     for r in report["arms"]:
         s, m = r["scenario"], r["summary"]
         lines.append(
             f"| {s['replicas']} | {s['router']} | {s['scheduler']} | {s['load']:.2f} "
             f"| {m['attainment']:.3f} | {_halves(m)} | {m['goodput_rps']:.2f} | {m['ttft_p99_s']} "
-            f"| {m['tpot_p99_s']} | {r['verify_per_round']:.2f} |"
+            f"| {m['tpot_p99_s']} | {r['verify_per_round']:.2f} | {_work(r, 'accepted_per_round')} "
+            f"| {_work(r, 'accepted_share', 3)} |"
         )
     lines.append(
         "\n1st / 2nd half: attainment of the requests that arrived in each half of the scored window; a "
         "second half well below the first is an arm over its capacity, whose queue grows for as long as "
-        "the trace runs (its attainment has no steady state and falls with the trace's length)."
+        "the trace runs (its attainment has no steady state and falls with the trace's length). "
+        "verify/round and accepted/round: drafts the target verified and accepted per request-round (one "
+        "request's share of a step); accepted share: the second over the first."
     )
     lines.append(f"\nSummary: `{json.dumps(report['summary'])}`\n")
     lines.append(f"Scale: `{json.dumps(report['scale'])}`\n")
     lines.extend(validation_lines(report["validation"]))
     return "\n".join(lines)
+
+
+def _work(arm: dict, key: str, digits: int = 2) -> str:
+    value = arm.get(key)  # absent from runs before it was recorded
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def _halves(summary: dict) -> str:

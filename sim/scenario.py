@@ -164,7 +164,7 @@ def run(scenario: Scenario, tick: Callable[[float], None] | None = None) -> dict
         "cpu_s": round(cpu, 3),  # this process's CPU: what the run costs, alike on a busy machine
         "events": cluster.q.processed,
         "timeline": cluster.timeline.__dict__,
-        "verify_per_round": _mean_verify(cluster),
+        **rounds_work(cluster),
     }
     for name, times in (("", "decision_s"), ("_cpu", "decision_cpu_s")):
         ordered = sorted(getattr(cluster.router, times, None) or ())
@@ -195,7 +195,15 @@ def few_collections() -> Iterator[None]:
         gc.unfreeze()
 
 
-def _mean_verify(cluster: Cluster) -> float:
+def rounds_work(cluster: Cluster) -> dict[str, float]:
+    """What speculation did over the run, per request-round (one request's share of a step): drafts the
+    target verified, drafts it accepted, and their ratio. A method's gain is credited only beside these."""
     reps = cluster.all_replicas()
     rounds = sum(r.counters.rounds for r in reps)
-    return round(sum(r.counters.drafted_tokens for r in reps) / rounds, 4) if rounds else 0.0
+    drafted = sum(r.counters.drafted_tokens for r in reps)
+    accepted = sum(r.counters.accepted_tokens for r in reps)
+    return {
+        "verify_per_round": round(drafted / rounds, 4) if rounds else 0.0,
+        "accepted_per_round": round(accepted / rounds, 4) if rounds else 0.0,
+        "accepted_share": round(accepted / drafted, 4) if drafted else 0.0,
+    }

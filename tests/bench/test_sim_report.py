@@ -43,7 +43,8 @@ def test_each_arm_shows_its_attainment_by_half_of_the_scored_window():
         if halves is not None:
             summary["attainment_halves"] = halves
         scenario = {"replicas": 100, "router": router, "scheduler": "fixed", "load": 0.8}
-        return {"scenario": scenario, "summary": summary, "verify_per_round": 6.9}
+        work = {"accepted_per_round": 2.1, "accepted_share": 0.30435} if router == "sla" else {}
+        return {"scenario": scenario, "summary": summary, "verify_per_round": 6.9, **work}
 
     report = {
         "command": "python bench/sim.py",
@@ -55,9 +56,9 @@ def test_each_arm_shows_its_attainment_by_half_of_the_scored_window():
     }
     rows = [line for line in markdown(report).splitlines() if line.startswith("| 100 ")]
     assert rows == [
-        "| 100 | pow2 | fixed | 0.80 | 0.500 | 0.900 / 0.100 | 10.00 | 1.0 | 0.03 | 6.90 |",
-        "| 100 | sla | fixed | 0.80 | 0.500 | 1.000 / - | 10.00 | 1.0 | 0.03 | 6.90 |",
-        "| 100 | round_robin | fixed | 0.80 | 0.500 | - / - | 10.00 | 1.0 | 0.03 | 6.90 |",
+        "| 100 | pow2 | fixed | 0.80 | 0.500 | 0.900 / 0.100 | 10.00 | 1.0 | 0.03 | 6.90 | - | - |",
+        "| 100 | sla | fixed | 0.80 | 0.500 | 1.000 / - | 10.00 | 1.0 | 0.03 | 6.90 | 2.10 | 0.304 |",
+        "| 100 | round_robin | fixed | 0.80 | 0.500 | - / - | 10.00 | 1.0 | 0.03 | 6.90 | - | - |",
     ]
 
 
@@ -110,3 +111,25 @@ def test_a_fleet_simulated_again_replaces_only_its_own_arms(tmp_path):
     third = tmp_path / "third"
     main([*small, "--arms-from", str(second / "sim.json"), "--workers", "1", "--out", str(third)])
     assert json.loads((third / "sim.json").read_text())["arms_simulated_by"] == report["arms_simulated_by"]
+
+
+def test_the_summary_sets_each_arms_speculation_beside_its_goodput():
+    """A goodput ratio is credited only with the drafts each arm verified and the target accepted."""
+    from bench.sim import summary
+
+    def arm(router: str, scheduler: str, goodput: float, verify: float, accepted: float) -> dict:
+        return {
+            "scenario": {"replicas": 100, "router": router, "scheduler": scheduler, "load": 0.8},
+            "offered_rps": 100.0,
+            "summary": {"attainment": 0.95, "goodput_rps": goodput},
+            "verify_per_round": verify,
+            "accepted_per_round": accepted,
+            "accepted_share": round(accepted / verify, 4),
+        }
+
+    out = summary([arm("pow2", "fixed", 40.0, 6.89, 2.3), arm("sla", "controller", 100.0, 4.44, 2.1)])
+    assert out["goodput_ratio_vs_pow2_fixed_at_80pct"] == 2.5
+    assert out["work_at_80pct"] == {
+        "sla+controller": {"verify_per_round": 4.44, "accepted_per_round": 2.1, "accepted_share": 0.473},
+        "pow2+fixed": {"verify_per_round": 6.89, "accepted_per_round": 2.3, "accepted_share": 0.3338},
+    }

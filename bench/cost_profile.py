@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from sim import step_fit
-from sim.host import HostCost, beyond, path_latency, path_parts, stretch
+from sim.host import HostCost, beyond, path_latency, path_parts
 from sim.profiles import from_dict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -430,8 +430,9 @@ def host_check(
     premise alone: the path's CPU stretches as the engines' does). With the idle way in too
     (`request_path_in_s`) and runs that recorded theirs, the way in likewise (its share of the path's CPU,
     sim/host.py path_parts)."""
+    # The simulator's own law, its per-core share included (HostCost.stretch_at): the path's remainder
+    # (path_beyond) is what the model leaves out, so it must be measured against the model as simulated.
     out, cost = {}, HostCost.from_json(host)
-    law = cost.law
     rates = {
         label: (r["requests_per_s"], r["tokens_per_s"], r["steps_per_s"])
         for label, r in run_rates(serving).items()
@@ -446,7 +447,7 @@ def host_check(
         share = run["step_time_s"] / (host["replicas"] * wall)
 
         def mixed(cores_busy: float, share: float = share) -> float:
-            one, two = (stretch(cores_busy, host["cores"], n, host["path_processes"], law) for n in (1, 2))
+            one, two = (cost.stretch_at(cores_busy, n) for n in (1, 2))
             return round(share * two + (1 - share) * one, 3)
 
         out[label] = {
@@ -460,8 +461,8 @@ def host_check(
         }
         timed = (serving.get("ttft_split") or {}).get(label)
         if request_path_s is not None and timed:
-            one, two = (stretch(load, host["cores"], n, host["path_processes"], law) for n in (1, 2))
-            path_cpu = HostCost.from_json(host).path_cpu_s
+            one, two = (cost.stretch_at(load, n) for n in (1, 2))
+            path_cpu = cost.path_cpu_s
 
             def path_ms(cpu_stretch: float, path_cpu: float = path_cpu) -> float:
                 return round(path_latency(request_path_s, path_cpu, cpu_stretch) * 1e3, 2)

@@ -274,6 +274,10 @@ def test_the_host_check_sets_each_sweep_runs_measured_stretch_beside_the_host_mo
     assert host_check(serving, host) == checked
     per_core = host_check(serving, {**host, "law": "per_core"})["engine_c2_p48"]
     assert (per_core["model"], per_core["model_with_other_work"]) == (round(2 / 1.3, 3), round(2 / 1.1, 3))
+    # The mixed law at its own per-core share (the simulator's, HostCost.stretch_at): a step alone pays
+    # half the per-core law's stretch beyond the fluid law's; one beside the other engine, as both laws.
+    mixed = host_check(serving, {**host, "law": "mixed", "per_core_share": 0.5})["engine_c2_p48"]
+    assert mixed["model"] == round(0.8 * 2 / 1.3 + 0.2 * (1 + 0.5 * (2 / 1.3 - 1)), 3)
     # With the run's TTFT in parts and the idle path (20 ms, of which 15 ms CPU): its path beside the
     # model's, at the host model's path stretch (both engines stepping for 0.8^2 of arrivals, 2 / 1.3)
     # and at the run's measured step stretch (2.0).

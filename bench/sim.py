@@ -444,7 +444,8 @@ def scale_section(args: argparse.Namespace) -> dict:
     skipped."""
     if args.scale_from:
         earlier = json.loads(args.scale_from.read_text())
-        return {**earlier["scale"], "carried_from": earlier["command"]}
+        # Carried again, it still names the run that measured it, not the one that carried it.
+        return {**earlier["scale"], "carried_from": earlier["scale"].get("carried_from", earlier["command"])}
     return {} if args.skip_scale else scale(args)
 
 

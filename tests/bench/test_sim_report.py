@@ -133,3 +133,24 @@ def test_the_summary_sets_each_arms_speculation_beside_its_goodput():
         "sla+controller": {"verify_per_round": 4.44, "accepted_per_round": 2.1, "accepted_share": 0.473},
         "pow2+fixed": {"verify_per_round": 6.89, "accepted_per_round": 2.3, "accepted_share": 0.3338},
     }
+
+
+def test_a_scale_section_carried_on_names_the_run_that_measured_it(tmp_path):
+    """--scale-from: the scale section's timings come from the run that measured them, however many
+    reports carried it since."""
+    import argparse
+
+    from bench.sim import scale_section
+
+    measured = {"command": "python bench/sim.py", "scale": {"wall_s": 300.0}}
+    first = tmp_path / "first.json"
+    first.write_text(json.dumps(measured))
+    carried = scale_section(argparse.Namespace(scale_from=first, skip_scale=False))
+    assert carried == {"wall_s": 300.0, "carried_from": "python bench/sim.py"}
+    second = tmp_path / "second.json"
+    second.write_text(
+        json.dumps({"command": "python bench/sim.py --scale-from first.json", "scale": carried})
+    )
+    assert scale_section(argparse.Namespace(scale_from=second, skip_scale=False))["carried_from"] == (
+        "python bench/sim.py"
+    )

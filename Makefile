@@ -53,6 +53,7 @@ bench: models
 # measurement ~2). `$(PY) bench/sim.py --quick` is a smoke run.
 sim: install
 	$(PY) bench/sim.py --models $(MODELS)
+	$(PY) bench/sim_seeds.py  # the summary's arms at 80% under seeds 1 and 2 (its noise band): ~2.5 min
 	$(PY) bench/route_sim.py  # bench/route.py's two settings simulated, 12 seeds: ~1 min
 	$(PY) bench/route_sim.py --tau-spread 0.45 --out bench/results/route_sim_tau_spread.json
 

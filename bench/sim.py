@@ -38,6 +38,7 @@ one the real replicas use; throughput and p50/p99 TTFT and TPOT, both ways (benc
 machine's speed drifts, so its --measure-profile measures the profile between the two real runs).
 
 Writes bench/results/sim.json, bench/results/sim.md and PNGs (attainment vs load per arm, budget over time).
+Each arm runs under one seed; bench/sim_seeds.py runs the summary's arms under more, for its noise band.
 """
 
 from __future__ import annotations

@@ -55,6 +55,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
+from bench.code_version import changed_since, stamp  # noqa: E402
 from bench.sim_compare import validation_lines  # noqa: E402
 from sim.__main__ import plot, run_grid  # noqa: E402
 from sim.scenario import Scenario, run  # noqa: E402
@@ -62,6 +63,9 @@ from sim.scenario import Scenario, run  # noqa: E402
 RESULTS = REPO / "bench" / "results"
 ROUTERS = ("pow2", "round_robin", "sla")
 # At the largest fleet (each run is long) only these, unless --all-arms-1000: the baseline and ours.
+# The code that decides an arm's figures: each arm is stamped with the commit it ran at, so a report that
+# carries it can say whether this code changed since (bench/code_version.py).
+SIM_CODE = ("sim", "router", "dspark", "controller", "deployments/replica_state.py")
 # Per arm, what speculation did (sim/scenario.py rounds_work).
 WORK = ("verify_per_round", "accepted_per_round", "accepted_share")
 KEY_ARMS = {("pow2", "fixed"), ("sla", "engine"), ("sla", "controller")}
@@ -179,7 +183,52 @@ def arms(args: argparse.Namespace, only: set[int] | None = None) -> list[dict]:
             for load in loads
             if not largest or args.all_arms_1000 or (router, budget) in KEY_ARMS
         ]
-    return run_grid(scenarios, desc=f"{args.replicas} replicas", workers=args.workers)
+    results = run_grid(scenarios, desc=f"{args.replicas} replicas", workers=args.workers)
+    code = stamp(REPO, SIM_CODE)
+    return [{**r, "code": code} for r in results]
+
+
+def arms_code(results: list[dict], repo: Path = REPO) -> dict[str, dict]:
+    """Per fleet: the commits its arms ran at, whether any ran with uncommitted changes to SIM_CODE, and
+    the files of SIM_CODE changed since (None: unrecorded, an arm without a stamp or a commit not here)."""
+    out: dict[str, dict] = {}
+    for n in sorted({r["scenario"]["replicas"] for r in results}):
+        stamps = [r.get("code") or {} for r in results if r["scenario"]["replicas"] == n]
+        commits = sorted({st.get("commit") for st in stamps}, key=str)
+        changed = [changed_since(repo, c, SIM_CODE) for c in commits]
+        out[str(n)] = {
+            "commits": commits,
+            "dirty": any(st.get("dirty") for st in stamps),
+            "changed_since": None if None in changed else sorted({f for c in changed for f in c}),
+        }
+    return out
+
+
+def code_lines(code: dict[str, dict]) -> list[str]:
+    """What the report says of each fleet's code: unrecorded, unchanged since, or the files changed."""
+    lines = []
+    for n, c in code.items():
+        changed = c["changed_since"]
+        if changed is None:
+            lines.append(
+                f"The arms at {n} replicas ran at an unrecorded commit: whether the simulated code "
+                "changed since is unknown.\n"
+            )
+            continue
+        at = ", ".join(commit[:10] for commit in c["commits"])
+        dirty = " with uncommitted changes to it" if c["dirty"] else ""
+        if changed:
+            shown = ", ".join(changed[:8]) + (f" and {len(changed) - 8} more" if len(changed) > 8 else "")
+            files = f"{len(changed)} file{'s' if len(changed) > 1 else ''}"
+            lines.append(
+                f"The arms at {n} replicas ran at {at}{dirty}; the simulated code changed since in "
+                f"{files} ({shown}): simulate them again to trust them.\n"
+            )
+        else:
+            lines.append(
+                f"The arms at {n} replicas ran at {at}{dirty}; the simulated code is unchanged since.\n"
+            )
+    return lines
 
 
 def scale(args: argparse.Namespace) -> dict:
@@ -354,6 +403,7 @@ def markdown(report: dict) -> str:
         lines.append(f"The arms below are carried from `{report['arms_carried_from']}`.\n")
     for n, source in (report.get("arms_simulated_by") or {}).items():
         lines.append(f"The arms at {n} replicas were simulated by `{source}`.\n")
+    lines.extend(code_lines(report.get("arms_code") or {}))
     lines.append(
         "| replicas | router | budget | load | attainment | 1st / 2nd half | goodput req/s | TTFT p99 s "
         "| TPOT p99 s | verify/round | accepted/round | accepted share |"
@@ -412,6 +462,7 @@ def main(argv: list[str] | None = None) -> None:
         "settings": settings(args, results),
         # Where the arms were simulated: a report that carried them already names that run.
         **(arm_sources(earlier, rerun, command, results) if earlier else {}),
+        "arms_code": arms_code(results),
         "budgets": budgets(),
         "arms": results,
         "summary": summary(results),

@@ -154,3 +154,39 @@ def test_a_scale_section_carried_on_names_the_run_that_measured_it(tmp_path):
     assert scale_section(argparse.Namespace(scale_from=second, skip_scale=False))["carried_from"] == (
         "python bench/sim.py"
     )
+
+
+def test_the_report_says_whether_the_code_under_each_fleets_arms_changed_since_they_ran():
+    """Carried arms are only as current as the code that simulated them (bench/sim.py --arms-from)."""
+    from bench.sim import code_lines
+
+    lines = code_lines(
+        {
+            "100": {"commits": [None], "dirty": False, "changed_since": None},
+            "1000": {"commits": ["a" * 40], "dirty": False, "changed_since": []},
+            "20": {"commits": ["b" * 40], "dirty": True, "changed_since": ["dspark/scheduler.py"]},
+        }
+    )
+    assert lines == [
+        "The arms at 100 replicas ran at an unrecorded commit: whether the simulated code changed since "
+        "is unknown.\n",
+        "The arms at 1000 replicas ran at aaaaaaaaaa; the simulated code is unchanged since.\n",
+        "The arms at 20 replicas ran at bbbbbbbbbb with uncommitted changes to it; the simulated code "
+        "changed since in 1 file (dspark/scheduler.py): simulate them again to trust them.\n",
+    ]
+
+
+def test_arms_simulated_here_are_stamped_with_this_checkouts_commit(tmp_path):
+    from bench.code_version import stamp
+    from bench.sim import REPO, SIM_CODE, main
+
+    main(["--quick", "--skip-validation", "--skip-scale", "--workers", "1", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "sim.json").read_text())
+    here = stamp(REPO, SIM_CODE)
+    assert {json.dumps(r["code"], sort_keys=True) for r in report["arms"]} == {
+        json.dumps(here, sort_keys=True)
+    }
+    for fleet in report["arms_code"].values():
+        assert fleet["commits"] == [here["commit"]]
+        if here["commit"] is not None and not here["dirty"]:
+            assert fleet["changed_since"] == []

@@ -63,12 +63,12 @@ from sim.scenario import Scenario, run  # noqa: E402
 RESULTS = REPO / "bench" / "results"
 ROUTERS = ("pow2", "round_robin", "sla")
 # At the largest fleet (each run is long) only these, unless --all-arms-1000: the baseline and ours.
+KEY_ARMS = {("pow2", "fixed"), ("sla", "engine"), ("sla", "controller")}
 # The code that decides an arm's figures: each arm is stamped with the commit it ran at, so a report that
 # carries it can say whether this code changed since (bench/code_version.py).
 SIM_CODE = ("sim", "router", "dspark", "controller", "deployments/replica_state.py")
 # Per arm, what speculation did (sim/scenario.py rounds_work).
 WORK = ("verify_per_round", "accepted_per_round", "accepted_share")
-KEY_ARMS = {("pow2", "fixed"), ("sla", "engine"), ("sla", "controller")}
 
 
 def budgets() -> list[str]:

@@ -27,11 +27,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
+from bench.sim import KEY_ARMS  # noqa: E402
 from sim.__main__ import run_grid  # noqa: E402
 from sim.scenario import Scenario  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
-ARMS = (("pow2", "fixed"), ("sla", "engine"), ("sla", "controller"))
+ARMS = tuple(sorted(KEY_ARMS))  # the summary's arms: the baseline, ours, and sla + engine beside
 OURS, BASELINE = "sla+controller", "pow2+fixed"
 LOAD = 0.8
 FIGURES = ("attainment", "goodput_rps", "verify_per_round", "accepted_per_round")

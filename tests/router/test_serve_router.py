@@ -167,6 +167,9 @@ def test_repeats_of_a_shared_system_prompt_go_to_the_replica_that_cached_it(rout
         (rid,) = [rid for rid, s in stats().items() if s["running_requests"]]
         return rid
 
+    # The previous test filled both replicas through this process' handle: the ingress' router saw that
+    # only in the replicas' stats, and may not have heard yet that they were freed.
+    wait_until(lambda: ingress_sees_room_on_both(serve_stack), what="the ingress' router to see both free")
     idle()
     start = stats()
     holders: list[str] = []
@@ -203,6 +206,29 @@ def test_repeats_of_a_shared_system_prompt_go_to_the_replica_that_cached_it(rout
             assert stats()[holder]["prefix_cache"]["cached_prompt_tokens"] - cached == 4 * 192
     assert holders[0] != holders[1]
     assert sum_finished(stats()) == sum_finished(start) + 2 * 6
+
+
+def ingress_sees_room_on_both(serve_stack) -> bool:
+    """Whether the ingress' router sees room for a 460-token request on both replicas: two sent back to
+    back are both admitted only on different replicas (the first holds its replica's pages until both are
+    admitted). Cancelled once admitted, which the router sees, as it sent them."""
+    request = pb.GenerateRequest(
+        prompt_token_ids=[5] * 20, sampling=pb.SamplingOptions(max_tokens=440, ignore_eos=True)
+    )
+    with grpc.insecure_channel(serve_stack.grpc_target) as channel:
+        stub = GenerationStub(channel)
+        calls = [stub.Generate(request, metadata=(("application", ROUTED),)) for _ in range(2)]
+        try:
+            for call in calls:
+                next(call)
+            return True
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise
+            return False
+        finally:
+            for call in calls:
+                call.cancel()
 
 
 def sum_finished(snapshot: dict[str, dict]) -> int:

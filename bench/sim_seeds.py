@@ -11,7 +11,9 @@ then each figure's range over all the seeds, seed 0's taken from sim.json.
     python bench/sim_seeds.py [--seeds 1,2] [--replicas 100] [--workers 2] [--report bench/results/sim.json]
     python bench/sim_seeds.py --quick     # a smoke run: a tiny fleet for seconds, seed 0 simulated too
 
-Writes bench/results/sim_seeds.json and .md (build/sim_quick with --quick).
+Writes bench/results/sim_seeds_<replicas>.json and .md, one pair per fleet (build/sim_quick with --quick).
+The 1,000-replica arms take 390-750 CPU-s each: `--replicas 1000` runs six of them (about 40 minutes on
+two workers).
 """
 
 from __future__ import annotations
@@ -190,8 +192,9 @@ def main(argv: list[str] | None = None) -> dict:
         "wall_minutes": round((time.time() - start) / 60, 2),
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "sim_seeds.json").write_text(json.dumps(report, indent=1))
-    (args.out / "sim_seeds.md").write_text(markdown(report))
+    stem = f"sim_seeds_{report['replicas']}"
+    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=1))
+    (args.out / f"{stem}.md").write_text(markdown(report))
     print(markdown(report))
     return report
 

@@ -57,6 +57,6 @@ def test_the_seeds_run_with_the_settings_the_report_recorded_and_seed_0_comes_fr
     again = run(Scenario(router="sla", scheduler="controller", seed=1, **settings))
     assert out["by_seed"][1]["sla+controller"]["goodput_rps"] == again["summary"]["goodput_rps"]
     assert out["by_seed"][1]["sla+controller"]["accepted_per_round"] == again["accepted_per_round"]
-    assert "| 1 | sla+controller |" in (tmp_path / "sim_seeds.md").read_text()
+    assert "| 1 | sla+controller |" in (tmp_path / "sim_seeds_2.md").read_text()
     with pytest.raises(SystemExit, match="no run of"):
         recorded_scenarios({"arms": [other]}, 2)

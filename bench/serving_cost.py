@@ -175,20 +175,26 @@ async def _stream(client, model: str, prompt: str, max_tokens: int) -> dict:
     prefill; bench/ttft_split.py) from its replica's timing and its way in (sent to its replica's
     `received` stamp: the client and the replicas share this host's monotonic clock), None without a
     timing, and the replica that ran it (None if unnamed)."""
+    import openai
+
+    from bench.http_failure import from_openai
     from bench.ttft_split import engine_spans, replica_of, timing_of
 
     timing = replica = None
-    sent, sent_monotonic = time.perf_counter(), time.monotonic()
-    stream = await client.completions.create(
-        model=model,
-        prompt=prompt,
-        max_tokens=max_tokens,
-        temperature=1.0,
-        stream=True,
-        stream_options={"include_usage": True},
-        extra_body={"ignore_eos": True},
-        extra_headers={"x-sla-class": "standard"},
-    )
+    sent, sent_monotonic, sent_at = time.perf_counter(), time.monotonic(), time.time()
+    try:
+        stream = await client.completions.create(
+            model=model,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            temperature=1.0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+            extra_headers={"x-sla-class": "standard"},
+        )
+    except openai.APIStatusError as err:  # none is expected: say which process answered
+        raise from_openai(err, sent_at) from err
     tokens, ttft = 0, None
     async for chunk in stream:
         if ttft is None and chunk.choices and chunk.choices[0].text:

@@ -71,6 +71,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
+from bench.http_failure import from_openai  # noqa: E402
 from bench.sim import markdown as sim_markdown  # noqa: E402
 from bench.sim_compare import METRICS, compare, machine_factor, mean_figures, speed_matched  # noqa: E402
 from bench.ttft_split import place, replica_of, timing_of  # noqa: E402
@@ -430,7 +431,7 @@ async def _drive(client, model: str, requests: list[Request], prompts: list[str]
 
     async def one(index: int, req: Request, prompt: str) -> None:
         await asyncio.sleep(max(0.0, req.arrival - (time.perf_counter() - t0)))
-        timing = None
+        timing, sent_at = None, time.time()
         try:
             stream = await client.completions.create(
                 model=model,
@@ -456,6 +457,8 @@ async def _drive(client, model: str, requests: list[Request], prompts: list[str]
                 inbound[index] = timing["received"] - (t0_monotonic + req.arrival)
         except openai.RateLimitError:
             req.outcome, req.finish = "shed", time.perf_counter() - t0
+        except openai.APIStatusError as err:  # no other is expected: say which process answered
+            raise from_openai(err, sent_at) from err
 
     await asyncio.gather(*(one(i, r, p) for i, (r, p) in enumerate(zip(requests, prompts))))
     return inbound

@@ -1,14 +1,19 @@
-"""How long the SLA router takes to decide, from 1 to 256 replicas (synthetic replica states, no Ray).
+"""How long the SLA router takes to decide, from 1 to 1,000 replicas (synthetic replica states, no Ray).
 
-Times the path Serve runs for each request (router/serve_router.py minus Serve itself):
-Balancer.decide over every replica's routing stats, i.e. stats -> states (ledger applied) -> filters ->
-predictions -> pick -> the decision registry. Replicas alternate between a speculative one (an
-adaptive verify length over a 12-point SPS table, draft window 7) and a plain one; their loads, KV room,
-tokens left and classes are drawn from a seed. Each decision's request enters the ledger and the one
-decided `in_flight` decisions earlier completes, so the ledger stays at a realistic size. Prefix
-caching is on: each replica publishes 256 cached page hashes, some of them the pages of a few shared
-system prompts, and each request names up to 64 pages of its prompt (a system prompt, then its own), so
-the policy matches every prompt against every replica's cache and the router remembers what it sent.
+Times the path Serve runs for each request (router/serve_router.py minus Serve itself): the balancer
+draws the replicas it will score (Balancer.candidates: all of a fleet of at most PolicyConfig.candidates,
+else that many at random plus those it sent the prompt's leading page, router/candidates.py), then
+Balancer.decide over their routing stats, i.e. stats -> states (ledger applied) -> filters -> predictions
+-> pick -> the decision registry. For contrast, the same with every replica scored (candidates None, as
+the router did before it drew), with fewer decisions at large fleets (`all_scored_decisions`).
+
+Replicas alternate between a speculative one (an adaptive verify length over a 12-point SPS table, draft
+window 7) and a plain one; their loads, KV room, tokens left and classes are drawn from a seed. Each
+decision's request enters the ledger and the one decided `in_flight` decisions earlier completes, so the
+ledger stays at a realistic size. Prefix caching is on: each replica publishes 256 cached page hashes, some of
+them the pages of a few shared system prompts, and each request names up to 64 pages of its prompt (a system
+prompt, then its own), so the policy matches every prompt against every replica's cache and the router
+remembers what it sent.
 
 Decisions come 1 ms apart (1000 requests/s into one router). Three cases:
   cached:   the replicas' stats never change; the policy's per-Speed memo answers most lookups.
@@ -20,7 +25,7 @@ Decisions come 1 ms apart (1000 requests/s into one router). Three cases:
 Both wall time and the thread's CPU time are recorded: on a shared machine wall time includes
 preemption by other processes (the p99 especially), CPU time does not; on an idle one they agree.
 
-    python bench/route_decision.py [--decisions 2000] [--replicas 1 2 4 8 16 32 64 128 256]
+    python bench/route_decision.py [--decisions 2000] [--replicas 1 2 4 8 16 32 64 128 256 1000]
 
 Writes bench/results/route_decision.json; bench/route.py puts the 32-replica p99 in its summary.
 """
@@ -45,7 +50,7 @@ from router.policy import Newcomer, PolicyConfig, PromptPages  # noqa: E402
 from router.sla import DEFAULT_CLASS, DEFAULT_CLASSES, classes_of  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
-REPLICAS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+REPLICAS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1000)
 POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)  # SPS table points, as engines profile
 
 
@@ -106,15 +111,23 @@ CASES = {"cached": None, "periodic": 250, "fresh": 1}  # a replica's stats chang
 
 
 def measure(
-    num_replicas: int, decisions: int, refresh_every: int | None, seed: int = 0, in_flight: int = 64
+    num_replicas: int,
+    decisions: int,
+    refresh_every: int | None,
+    seed: int = 0,
+    in_flight: int = 64,
+    candidates: int | None = PolicyConfig.candidates,
 ) -> dict[str, float]:
-    """Decision times (ms) over `decisions` requests of the two classes at `num_replicas` replicas."""
+    """Decision times (ms) over `decisions` requests of the two classes at `num_replicas` replicas, each
+    scoring the replicas the balancer draws (`candidates`; None: every one)."""
     rng = random.Random(seed)
     slas = classes_of(DEFAULT_CLASSES)
     # Calibrated (router_options calibrate_tpot): the decisions take the measured-decode path too.
-    balancer = Balancer(PolicyConfig(stale_after_s=1.0, calibrate_tpot=True), slas, DEFAULT_CLASS, seed=seed)
+    config = PolicyConfig(stale_after_s=1.0, calibrate_tpot=True, candidates=candidates)
+    balancer = Balancer(config, slas, DEFAULT_CLASS, seed=seed)
     now = 1_000.0
     stats = {f"r{i}": synthetic_stats(i, rng, now) for i in range(num_replicas)}
+    ids = list(stats)  # Serve's replica list, named once per change (SLARequestRouter._pool)
     requests = []
     for n in range(256):
         prompt = rng.randint(16, 1024)
@@ -131,7 +144,8 @@ def measure(
         request = requests[n % len(requests)]
         key = f"q{n}"
         start, start_cpu = time.perf_counter_ns(), time.thread_time_ns()
-        decision = balancer.decide(request, key, stats, now)
+        drawn = {rid: stats[rid] for rid in balancer.candidates(ids, request)}
+        decision = balancer.decide(request, key, drawn, now)
         cpu.append((time.thread_time_ns() - start_cpu) / 1e6)
         times.append((time.perf_counter_ns() - start) / 1e6)
         if decision.action == "route":
@@ -152,9 +166,22 @@ def _quantiles(values: list[float], prefix: str) -> dict[str, float]:
     }
 
 
+def all_scored_decisions(n: int, decisions: int) -> int:
+    """Decisions per point when every replica is scored: fewer at large fleets (each costs ~n x 40 us)."""
+    return min(decisions, max(200, 64_000 // n))
+
+
 def run(replicas: tuple[int, ...] = REPLICAS, decisions: int = 2000, seed: int = 0) -> dict:
     by_case = {
         case: {str(n): measure(n, decisions, every, seed) for n in replicas} for case, every in CASES.items()
+    }
+    all_scored = {
+        case: {
+            str(n): measure(n, all_scored_decisions(n, decisions), every, seed, candidates=None)
+            for n in replicas
+            if n > PolicyConfig.candidates
+        }
+        for case, every in CASES.items()
     }
     # Linear or better: time per replica should not grow with the replica count (CPU time: preemption
     # by other processes would blur it).
@@ -166,15 +193,28 @@ def run(replicas: tuple[int, ...] = REPLICAS, decisions: int = 2000, seed: int =
         "command": "python bench/route_decision.py " + " ".join(sys.argv[1:]),
         "machine": {"platform": platform.platform(), "python": platform.python_version()},
         "decisions_per_point": decisions,
+        "candidates": PolicyConfig.candidates,
         "cases": by_case,
+        # Every replica scored, where the fleet is larger than the draw (decisions: all_scored_decisions).
+        "cases_all_scored": all_scored,
         "cpu_mean_ms_per_replica": per_replica,
         "p99_ms_32_replicas": {case: points.get("32", {}).get("p99_ms") for case, points in by_case.items()},
         "cpu_p99_ms_32_replicas": {
             case: points.get("32", {}).get("cpu_p99_ms") for case, points in by_case.items()
         },
         "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
-        "target": "p99 <= 2 ms at 32 replicas; linear or better in replicas",
+        "cpu_p99_ms_1000_replicas": {
+            arm: {case: points.get("1000", {}).get("cpu_p99_ms") for case, points in cases.items()}
+            for arm, cases in (("drawn", by_case), ("all_scored", all_scored))
+        },
+        "target": "p99 <= 2 ms at 32 replicas and < 1 ms at 1,000 (sim issue); flat or linear in replicas",
     }
+
+
+def _times(v: dict, width: int) -> str:
+    """p50 and p99, then their CPU times in brackets."""
+    wall = f"{v['p50_ms']:{width}.3f} {v['p99_ms']:{width}.3f}"
+    return f"{wall}   [{v['cpu_p50_ms']:{width}.3f} {v['cpu_p99_ms']:{width}.3f}]"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,14 +227,14 @@ def main(argv: list[str] | None = None) -> int:
     result = run(tuple(args.replicas), args.decisions, args.seed)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print("p50 / p99 ms (CPU time in brackets) by replicas")
+    print("p50 / p99 ms (CPU time in brackets) by replicas: drawn | every replica scored")
     for case in CASES:
         for n in args.replicas:
             v = result["cases"][case][str(n)]
-            print(
-                f"{case:8s} {n:4d}  {v['p50_ms']:7.3f} {v['p99_ms']:7.3f}"
-                f"   [{v['cpu_p50_ms']:7.3f} {v['cpu_p99_ms']:7.3f}]"
-            )
+            line = f"{case:8s} {n:4d}  {_times(v, 7)}"
+            if (a := result["cases_all_scored"][case].get(str(n))) is not None:
+                line += f"  | {_times(a, 8)}"
+            print(line)
     return 0
 
 

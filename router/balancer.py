@@ -2,7 +2,9 @@
 
 serve_router.py feeds it what Serve hands a RequestRouter (each replica's routing_stats, the routed and
 completed callbacks) and returns its rankings to Serve. Serve calls it from its routing thread and from
-completion callbacks, so every entry point takes one lock; decide() is a few hundred microseconds.
+completion callbacks, so every entry point takes one lock. A decision first draws the replicas it will
+score (candidates(): a few of a large fleet, router/candidates.py), then decide() scores them: a few
+hundred microseconds, whatever the fleet's size.
 
 Prefix affinity needs the router's own memory too: a replica's pushed summary names the prompt pages it
 caches only once a snapshot taken after their prefill arrives, so a second request with the same
@@ -16,10 +18,11 @@ from __future__ import annotations
 import math
 import random
 import threading
-from collections.abc import Container, Mapping
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from router import decisions
+from router.candidates import Holders, draw
 from router.policy import Decision, Newcomer, PolicyConfig, ReplicaState, Sla, decide
 from router.signals import (
     Ledger,
@@ -107,10 +110,22 @@ class Balancer:
         self.prior_acceptance = prior_acceptance
         self.ledger = Ledger()
         self._rng = random.Random(seed)
+        # The candidate draw's own stream, so drawing never shifts the policy's tie-break draws.
+        self._draw_rng = random.Random(seed + 1)
+        self._holders = Holders()
         self._parsed: dict[str, _Parsed] = {}
         # replica id -> page hash -> when this router last sent a prompt with that page (oldest first)
         self._sent_pages: dict[str, dict[str, float]] = {}
         self._lock = threading.Lock()
+
+    def candidates(self, replica_ids: Sequence[str], newcomer: Newcomer) -> list[str]:
+        """The replicas to score for `newcomer` (router/candidates.py): every one of a fleet of at most
+        `config.candidates`, else that many drawn at random plus those this router sent its prompt's leading
+        page. Called before decide(), so that only their stats are read."""
+        with self._lock:
+            prefix = newcomer.prefix
+            holders = self._holders.of(prefix.hashes[0]) if prefix is not None and prefix.hashes else ()
+            return draw(replica_ids, self.config.candidates, self._draw_rng, holders)
 
     def decide(
         self,
@@ -159,6 +174,7 @@ class Balancer:
             self.ledger.forget(replica_id)
             self._parsed.pop(replica_id, None)
             self._sent_pages.pop(replica_id, None)
+            self._holders.forget(replica_id)
 
     def states(self, stats: Mapping[str, Mapping | None], now: float) -> list[ReplicaState]:
         """What decide() would see now, each state with its age (for tests and the admin view)."""
@@ -203,6 +219,7 @@ class Balancer:
         parsed = self._parsed.get(replica_id)
         if newcomer.prefix is None or not newcomer.prefix.hashes or not (parsed and parsed.prefix_caching):
             return
+        self._holders.sent(newcomer.prefix.hashes[0], replica_id)
         sent = self._sent_pages.setdefault(replica_id, {})
         for page in newcomer.prefix.hashes:
             sent.pop(page, None)  # re-inserted last: the dict stays ordered by time

@@ -169,6 +169,9 @@ class PolicyConfig:
     wait_gain: float = 0.1
     min_retry_s: float = 0.25  # a retry hint never asks for less (signals refresh about this often)
     max_retry_s: float = 30.0
+    # Replicas scored per decision: this many drawn at random from a larger fleet, plus those this router
+    # sent the prompt's leading page to (router/candidates.py); None: every replica, every time.
+    candidates: int | None = 8
 
     def __post_init__(self) -> None:
         if not self.tie_margin >= 0:
@@ -183,6 +186,9 @@ class PolicyConfig:
             raise ValueError(f"wait_gain must be >= 0, got {self.wait_gain!r}")
         if not 0 <= self.min_retry_s <= self.max_retry_s:
             raise ValueError("need 0 <= min_retry_s <= max_retry_s")
+        whole = isinstance(self.candidates, int) and not isinstance(self.candidates, bool)
+        if self.candidates is not None and not (whole and self.candidates >= 1):
+            raise ValueError(f"candidates must be a whole number >= 1 or None, got {self.candidates!r}")
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,10 @@ Serve's routing thread. The request's routing inputs travel as the `route` keywo
 TargetReplica.generate (a router.policy.Newcomer: prompt tokens, max_tokens, SLA), which Serve shows the
 router as `pending_request.kwargs`; calls without it (model_info) go to the least loaded replica.
 
+Which replicas it scores. Serve offers every running replica on every request; the balancer draws
+`PolicyConfig.candidates` of a larger fleet (and the replicas it sent the prompt's leading page), and
+only their stats are read (router/candidates.py): the decision stays flat in the fleet's size.
+
 How Serve uses the answer. `choose_replicas` returns singleton ranks in the policy's order, so Serve
 sends to the first choice unless that replica is at max_ongoing_requests, then tries the next. An empty
 answer (no replica has room for a class that waits) makes Serve back off and ask again: `should_backoff`
@@ -57,6 +61,22 @@ class SLARequestRouter(FIFOMixin, RequestRouter):
         self.balancer = Balancer(PolicyConfig(**(options or {})), slas, default_class, prior_acceptance, seed)
         # id(metadata) -> the request a ranking was made for (weak: a cancelled one just disappears).
         self._ranked_for: weakref.WeakValueDictionary[int, PendingRequest] = weakref.WeakValueDictionary()
+        self._pool_of: tuple[list[RunningReplica] | None, dict[str, RunningReplica], list[str]] = (
+            None,
+            {},
+            [],
+        )
+
+    def _pool(self, replicas: list[RunningReplica]) -> tuple[dict[str, RunningReplica], list[str]]:
+        """The replicas by id and their ids in order, kept while Serve passes the same list: it builds a new
+        one when its replicas change, and naming 1,000 of them on every request would cost more than the
+        decision over the few it scores."""
+        held, by_id, ids = self._pool_of
+        if held is not replicas or len(ids) != len(replicas):
+            by_id = {r.replica_id.unique_id: r for r in replicas}
+            ids = list(by_id)
+            self._pool_of = (replicas, by_id, ids)
+        return by_id, ids
 
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
@@ -69,8 +89,9 @@ class SLARequestRouter(FIFOMixin, RequestRouter):
         if not isinstance(route, Newcomer):
             return [candidate_replicas]
         pending_request.routing_context.should_backoff = True
-        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
-        stats = {rid: r.routing_stats for rid, r in by_id.items()}
+        by_id, ids = self._pool(candidate_replicas)
+        # A few of a large fleet (router/candidates.py): their stats are all a decision reads.
+        stats = {rid: by_id[rid].routing_stats for rid in self.balancer.candidates(ids, route)}
         now = time.time()
         waited = max(0.0, now - pending_request.created_at)  # in Serve's queue: its TTFT runs already
         decision = self.balancer.decide(

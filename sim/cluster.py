@@ -106,6 +106,7 @@ class Cluster:
         self.q = EventQueue()
         self.rng = random.Random(config.seed)
         self.replicas: list[SimReplica] = []  # the live fleet: a failed replica leaves it
+        self.replica_ids: list[str] = []  # theirs, in the same order (the SLA arm draws from it)
         self._by_id: dict[str, SimReplica] = {}
         self._group_of: dict[str, Group] = {}
         self._host_of: dict[str, Host] = {}
@@ -160,6 +161,7 @@ class Cluster:
             max_ongoing=self.config.max_ongoing_requests,
         )
         self.replicas.append(replica)
+        self.replica_ids.append(replica_id)
         self._by_id[replica_id] = replica
         self._group_of[replica_id] = group
         return replica
@@ -176,7 +178,7 @@ class Cluster:
             first = c.fleet[0].profile if c.fleet else None
             page_size = first.page_size if first is not None and first.prefix_caching else None
             args = (c.classes, c.default_class, self._visible.get, c.seed, c.candidates, config)
-            return SlaArm(*args, page_size=page_size)
+            return SlaArm(*args, page_size=page_size, replica_ids=self.replica_ids)
         raise ValueError(f"unknown router arm {c.router!r}")
 
     # ---- the run ------------------------------------------------------------------------------------
@@ -382,6 +384,7 @@ class Cluster:
         self.router.forget(replica.replica_id)
         self.retired.append(replica)
         self.replicas.remove(replica)
+        self.replica_ids.remove(replica.replica_id)
         del self._by_id[replica.replica_id]
         self.q.after(f.downtime_s, self._replace, replica)
 

@@ -2,16 +2,17 @@
 
 The SLA arm is router.balancer.Balancer itself (router/policy.py's decide over router/signals.py's stats
 parsing and ledger), fed the stats dicts replicas publish, exactly as SLARequestRouter feeds it inside
-Serve. At scale it scores a sample of `candidates` replicas per request instead of all of them (the
-power-of-k-choices front the issue asks for: the decision cost stays flat in the fleet size).
+Serve. At scale it scores `candidates` replicas per request, drawn by the router itself (router/
+candidates.py, the power-of-k-choices front the issue asks for: the decision cost stays flat in the fleet
+size), as it does in Serve.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from dspark.prefix_cache import route_hashes
 from router.balancer import Balancer
@@ -76,7 +77,8 @@ class PowerOfTwo:
 
 
 class SlaArm:
-    """The real SLA router (router.balancer.Balancer), over `candidates` sampled replicas per request."""
+    """The real SLA router (router.balancer.Balancer), scoring the replicas its own candidate draw picks
+    (router/candidates.py: `candidates` of a larger fleet, as SLARequestRouter does inside Serve)."""
 
     def __init__(
         self,
@@ -84,10 +86,11 @@ class SlaArm:
         default_class: str,
         stats: Callable[[str], Mapping | None],
         seed: int,
-        candidates: int = 8,
+        candidates: int | None = 8,
         config: PolicyConfig | None = None,
         prior_acceptance: float = 0.5,
         page_size: int | None = None,
+        replica_ids: Sequence[str] | None = None,
     ) -> None:
         self.classes = dict(classes)
         # The replicas cache prefixes in pages of this many tokens: a prompt whose token ids the trace
@@ -96,18 +99,19 @@ class SlaArm:
         self.page_size = page_size
         self._pages: tuple[int, PromptPages] | None = None  # the last request's: decided, then routed
         self.stats = stats
+        # The live fleet's ids in fleet order, kept by the cluster (None: read from `choose`'s replicas).
+        self.replica_ids = replica_ids
         self.balancer = Balancer(
-            config or PolicyConfig(),
+            replace(config or PolicyConfig(), candidates=candidates),
             self.classes,
             default_class,
             prior_acceptance,
             seed,
             keep_decisions=False,
         )
-        self.rng = random.Random(seed + 1)
-        self.candidates = candidates
-        # Each Balancer.decide call's wall seconds, and its thread CPU seconds: on a shared machine the
-        # wall time's tail is other processes' time slices, the CPU time is the decision's own cost.
+        # Each decision's wall seconds, and its thread CPU seconds (the candidate draw, reading their
+        # stats, Balancer.decide): on a shared machine the wall time's tail is other processes' time
+        # slices, the CPU time is the decision's own cost.
         self.decision_s: list[float] = []
         self.decision_cpu_s: list[float] = []
 
@@ -122,11 +126,12 @@ class SlaArm:
         return Newcomer(req.prompt_tokens, req.max_tokens, sla, key=str(req.rid), prefix=pages)
 
     def choose(self, req: Request, replicas: list, now: float) -> Choice:
-        pool = replicas if len(replicas) <= self.candidates else self.rng.sample(replicas, self.candidates)
-        stats = {r.replica_id: self.stats(r.replica_id) for r in pool}
         start, cpu = time.perf_counter(), time.thread_time()
+        newcomer = self.newcomer(req)
+        ids = self.replica_ids if self.replica_ids is not None else [r.replica_id for r in replicas]
+        stats = {rid: self.stats(rid) for rid in self.balancer.candidates(ids, newcomer)}
         waited = max(0.0, now - req.arrival)  # its TTFT runs from its arrival
-        decision = self.balancer.decide(self.newcomer(req), str(req.rid), stats, now, waited)
+        decision = self.balancer.decide(newcomer, str(req.rid), stats, now, waited)
         self.decision_cpu_s.append(time.thread_time() - cpu)
         self.decision_s.append(time.perf_counter() - start)
         if decision.action == "route":

@@ -128,6 +128,9 @@ def test_sla_classes_are_checked_by_name():
         AppConfig(model="m", router_options={"margin": 1})
     with pytest.raises(pydantic.ValidationError, match="router_options: tie_margin must be >= 0"):
         AppConfig(model="m", router_options={"tie_margin": -1})
+    with pytest.raises(pydantic.ValidationError, match="router_options: candidates must be a whole number"):
+        AppConfig(model="m", router_options={"candidates": 0})
+    assert AppConfig(model="m", router_options={"candidates": None}).router_options == {"candidates": None}
     with pytest.raises(pydantic.ValidationError, match="router"):
         AppConfig(model="m", router="least_loaded")
 

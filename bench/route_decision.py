@@ -27,7 +27,8 @@ preemption by other processes (the p99 especially), CPU time does not; on an idl
 
     python bench/route_decision.py [--decisions 2000] [--replicas 1 2 4 8 16 32 64 128 256 1000]
 
-Writes bench/results/route_decision.json; bench/route.py puts the 32-replica p99 in its summary.
+Writes bench/results/route_decision.json and route_decision.png (CPU time by replicas, drawn and every
+replica scored); bench/route.py puts the 32-replica p99 in its summary.
 """
 
 from __future__ import annotations
@@ -211,6 +212,46 @@ def run(replicas: tuple[int, ...] = REPLICAS, decisions: int = 2000, seed: int =
     }
 
 
+def plot(result: dict, path: Path) -> None:
+    """CPU p50 and p99 by replicas, per case: the drawn replicas scored, and every one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(CASES), figsize=(12, 3.8), sharey=True)
+    for ax, case in zip(axes, CASES):
+        for key, label, color in (
+            ("cases", "drawn", "tab:blue"),
+            ("cases_all_scored", "all scored", "tab:red"),
+        ):
+            points = sorted((int(n), v) for n, v in result[key][case].items())
+            if not points:
+                continue
+            x = [n for n, _ in points]
+            ax.plot(x, [v["cpu_p50_ms"] for _, v in points], marker="o", color=color, label=f"{label} p50")
+            ax.plot(
+                x,
+                [v["cpu_p99_ms"] for _, v in points],
+                marker="x",
+                linestyle="--",
+                color=color,
+                label=f"{label} p99",
+            )
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("replicas")
+        ax.set_title(f"stats {case}")
+    axes[0].set_ylabel("decision CPU time (ms)")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(
+        f"SLA router decision, {result['candidates']} drawn per decision against every replica scored"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def _times(v: dict, width: int) -> str:
     """p50 and p99, then their CPU times in brackets."""
     wall = f"{v['p50_ms']:{width}.3f} {v['p99_ms']:{width}.3f}"
@@ -227,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(tuple(args.replicas), args.decisions, args.seed)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, args.out.with_suffix(".png"))
     print("p50 / p99 ms (CPU time in brackets) by replicas: drawn | every replica scored")
     for case in CASES:
         for n in args.replicas:

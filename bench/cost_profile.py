@@ -137,6 +137,7 @@ def run_rate(run: dict, requests: float) -> dict:
 # (bench/serve.py --out bench/results/serve_proxy.json).
 SERVE_PROXY = REPO / "bench" / "results" / "serve_proxy.json"
 HOST_SHARING = REPO / "bench" / "results" / "host_sharing.json"  # bench/host_sharing.py's measurement
+STEP_NOISE = REPO / "bench" / "results" / "step_noise.json"  # bench/step_noise.py's measurement
 
 
 def request_path_s(serve: dict) -> float:
@@ -166,14 +167,22 @@ def provenance(measurement: dict) -> str:
 
 
 def derive_profile(
-    profile: dict, serving: dict, serve: dict, command: str, sharing: dict | None = None
+    profile: dict,
+    serving: dict,
+    serve: dict,
+    command: str,
+    sharing: dict | None = None,
+    noise: dict | None = None,
 ) -> dict:
     """cpu_measured.json (as a dict) with its host block and request_path_s derived from `serving` (its
     own path run when it has one, else `serve`, bench/serve.py's proxy run); when `serving` has an engine
     sweep, its SPS table and step terms fitted to the sweep, and when it has a draft sweep, its drafter
     terms (a measurement without them leaves those, and their sources, as they are). `command`: the
-    measurement's provenance(); `sharing`: bench/host_sharing.py's measurement (sharing_law)."""
+    measurement's provenance(); `sharing`: bench/host_sharing.py's measurement (sharing_law); `noise`:
+    bench/step_noise.py's, the step_noise block (noise_block; without it the profile's stays as it is)."""
     out = {**profile, "host": host_block(serving, sharing=sharing)}
+    if noise is not None:
+        out["step_noise"] = noise_block(noise)
     out["host"].update(path_load_fit(serving, out["host"]))
     out.pop("request_path_in_s", None)  # the measurement's own split, or none
     if "path" in serving:
@@ -196,6 +205,26 @@ def derive_profile(
         for s in profile["sources"]
     ]
     return out
+
+
+def noise_block(measurement: dict) -> dict:
+    """The machine's speed wander (sim/noise.py) fitted to bench/step_noise.py's measurement, with its
+    source."""
+    from bench.step_noise import fit
+
+    noise = measurement["noise"]
+    return {
+        **fit(noise),
+        "source": (
+            f"bench/step_noise.py's measurement ({measurement['command']}, started "
+            f"{measurement['started']}): one engine alone, one request at a time, {noise['decode_steps']} "
+            f"decode steps, log sd {noise['decode_log_sd']} around their median; the autocorrelation by lag "
+            "fitted as (1 - w) exp(-lag / correlation_s), the variance split w per step, 1 - w slow "
+            "(bench/step_noise.py fit). The slow part is taken to be the host's (bench/results/"
+            "host_wander.json: two engines pinned to the two cores wander largely together) and to scale "
+            "every step alike, whatever its batch"
+        ),
+    }
 
 
 _NOT_DELAYING = (
@@ -625,14 +654,19 @@ def acceptance_rows(accept: dict) -> dict[str, list[float]]:
     }
 
 
-def profile_from(measurement: dict, base: Path = PROFILE, serve: Path = SERVE_PROXY) -> dict:
+def profile_from(
+    measurement: dict, base: Path = PROFILE, serve: Path = SERVE_PROXY, noise: dict | None = None
+) -> dict:
     """The profile derived from a serving_cost measurement (as loaded), over `base`'s settings, sources and
-    assumptions, with accept.json's rows."""
+    assumptions, with accept.json's rows and the speed wander fitted to `noise` (a bench/step_noise.py
+    measurement; None: the committed one, bench/results/step_noise.json)."""
     current = json.loads(base.read_text())
     current["acceptance"] = acceptance_rows(json.loads(ACCEPT.read_text()))
     serve_run = json.loads(serve.read_text())
     sharing = json.loads(HOST_SHARING.read_text()) if HOST_SHARING.is_file() else None
-    return derive_profile(current, measurement["serving"], serve_run, provenance(measurement), sharing)
+    if noise is None and STEP_NOISE.is_file():
+        noise = json.loads(STEP_NOISE.read_text())
+    return derive_profile(current, measurement["serving"], serve_run, provenance(measurement), sharing, noise)
 
 
 def write_profile(measured: Path, out: Path = PROFILE) -> dict:

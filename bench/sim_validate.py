@@ -287,20 +287,36 @@ def _shown(path: Path) -> str:
     return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
-def measure_profile(models: str, quick: bool, command: str, measurement: Path, profile_out: Path):
-    """The validation's `between`: a function that runs bench/serving_cost.py's measurement, derives the
-    profile from it (bench/cost_profile.py, over the committed profile's settings and assumptions), writes
-    both (at once: a sitting that fails later still leaves a consistent pair) and gives the profile and
-    what the result records of it."""
+STEP_NOISE_S = 60.0  # seconds of bench/step_noise.py's measurement in a sitting (its own default is 30)
+
+
+def measure_profile(
+    models: str, quick: bool, command: str, measurement: Path, profile_out: Path, noise_out: Path
+):
+    """The validation's `between`: a function that runs bench/serving_cost.py's measurement and
+    bench/step_noise.py's (the machine's speed wander: it changes over a day, from a log sd of 0.2 in one
+    morning hour to 0.08 in an afternoon one), derives the profile from them (bench/cost_profile.py, over
+    the committed profile's settings and assumptions), writes all three (at once: a sitting that fails later
+    still leaves a consistent set) and gives the profile and what the result records of it."""
 
     def between() -> tuple[Profile, dict]:
+        from bench import step_noise
         from bench.cost_profile import host_check, profile_from
         from bench.serving_cost import QUICK, Settings, measure
 
         data = measure(models, QUICK if quick else Settings(), command)
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        steps = step_noise.measure(Path(models), 3.0 if quick else STEP_NOISE_S)
+        noise = {
+            "command": f"{command} (its step noise)",
+            "started": started,
+            "noise": step_noise.noise(steps),
+        }
         measurement.parent.mkdir(parents=True, exist_ok=True)
         measurement.write_text(json.dumps(data, indent=1) + "\n")
-        fresh = profile_from(data)
+        noise_out.parent.mkdir(parents=True, exist_ok=True)
+        noise_out.write_text(json.dumps(noise, indent=1) + "\n")
+        fresh = profile_from(data, noise=noise)
         profile_out.parent.mkdir(parents=True, exist_ok=True)
         profile_out.write_text(json.dumps(fresh, indent=1) + "\n")
         recorded = {
@@ -313,6 +329,7 @@ def measure_profile(models: str, quick: bool, command: str, measurement: Path, p
             "measurement": _shown(measurement),
             "measured_at": data["measured_at"],
             "measure_minutes": data["wall_minutes"],
+            "step_noise": _shown(noise_out),
             "request_path_s": fresh["request_path_s"],
             "request_path_in_s": fresh.get("request_path_in_s"),
             **{k: fresh[k] for k in (*step_fit.TERMS, *step_fit.DRAFT_TERMS)},
@@ -596,7 +613,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.measure_profile:
         default = PROFILE if out.resolve() == RESULTS.resolve() else out / "cpu_measured.json"
         between = measure_profile(
-            args.models, args.quick, command, out / "serving_cost.json", args.profile_out or default
+            args.models,
+            args.quick,
+            command,
+            out / "serving_cost.json",
+            args.profile_out or default,
+            out / "step_noise.json",
         )
     result = validate(
         args.models, args.quick, args.drafter, real_from, between, args.real_runs, args.sim_seeds

@@ -69,6 +69,28 @@ def noise(requests: Sequence[dict]) -> dict:
     }
 
 
+def fit(noise: dict) -> dict:
+    """The simulator's `step_noise` block (sim/noise.py) from a measurement's `noise`: the log ratio's
+    autocorrelation r(lag) fitted as (1 - w) exp(-lag / correlation_s) by least squares on log r over the
+    measured lags (the lags whose r is positive), and its variance (decode_log_sd squared) split into the
+    slow part, 1 - w of it, and each step's own, w."""
+    lags = [(a["lag_ms"] / 1e3, a["r"]) for a in noise["autocorrelation"] if a["r"] > 0]
+    if len(lags) < 2:
+        raise ValueError("need the autocorrelation at two lags at least to fit the wander's memory")
+    slope, intercept = np.polyfit([lag for lag, _ in lags], [np.log(r) for _, r in lags], 1)
+    if slope >= 0:
+        raise ValueError(
+            f"the autocorrelation does not fall with the lag (slope {slope:.3g}): no memory to fit"
+        )
+    kept = min(1.0, float(np.exp(intercept)))
+    sd = float(noise["decode_log_sd"])
+    return {
+        "slow_log_sd": round(sd * kept**0.5, 4),
+        "white_log_sd": round(sd * (1.0 - kept) ** 0.5, 4),
+        "correlation_s": round(-1.0 / float(slope), 4),
+    }
+
+
 def _spreads(decode: list[np.ndarray]) -> dict[str, float]:
     """The log sd of the decode steps over their median, and of each request's mean step over theirs."""
     steps = np.concatenate(decode)

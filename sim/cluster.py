@@ -8,6 +8,8 @@ replica's max_num_seqs, or one value for the deployment, whose engine refuses wh
 slot for: a 429); with none, it waits in the router's queue and is routed again whenever a slot frees, as
 Serve backs off and retries. The engine may still refuse it (KV exhausted): a 429 to the client.
 Failures kill a replica's requests and bring a fresh replica (new id, no stats yet) after a downtime.
+A profile that measured the machine's speed wander (`step_noise`) has each step's time multiplied by its
+host's speed when it starts (sim/noise.py): one wander per host, or per replica without a host block.
 Replicas of a profile with a host block are placed `host.replicas` to a host in fleet order (across
 groups with the same host block), whose cores they share with the serving path (sim/host.py); a
 replacement takes its predecessor's place. There the serving path's latency stretches with the host's
@@ -33,6 +35,7 @@ from dspark.draft_budget import DraftBudget
 from router.policy import PolicyConfig, Sla
 from sim.events import EventQueue
 from sim.host import Host, jitter, path_parts
+from sim.noise import Wander
 from sim.profiles import Profile
 from sim.replica import Plan, SimReplica
 from sim.routing import PowerOfTwo, RoundRobin, SlaArm
@@ -132,6 +135,8 @@ class Cluster:
         # moves whenever another step on its host starts or ends (sim/host.py).
         self._running: dict[str, tuple[SimReplica, Plan]] = {}
         self._end_token: dict[str, int] = {}
+        # Each host's speed wander (sim/noise.py), or each replica's without a host: made at its first step.
+        self._wander: dict[object, Wander] = {}
         self.waiting: deque[Request] = deque()
         # Free sequence slots over the live fleet: whether a waiting request could go anywhere, in O(1).
         self.free_slots = sum(r.max_ongoing for r in self.replicas)
@@ -307,6 +312,17 @@ class Cluster:
             if s.req.scheduled is None:  # its first prompt chunk
                 s.req.scheduled = self.q.now
         host = self._host_of.get(replica.replica_id)
+        noise = replica.profile.step_noise
+        if noise is not None:  # the machine's speed now: the step's work at it (sim/noise.py)
+            key = host if host is not None else replica.replica_id
+            wander = self._wander.get(key)
+            if wander is None:
+                rng = random.Random(f"wander-{self.config.seed}-{len(self._wander)}")
+                wander = self._wander[key] = Wander(noise, rng, self.q.now)
+            factor = wander.factor(self.q.now)
+            plan.seconds *= factor
+            plan.forward_seconds *= factor
+            plan.draft_seconds *= factor
         if host is None:
             self.q.after(plan.seconds, self._end_step, replica, plan)
             return

@@ -11,7 +11,8 @@ sim/step_fit.py), times the replica's slow-down factor; a request reaches its re
 after it arrives, or, when the profile measured the path's way in (`request_path_in_s`), that long after it
 arrives, and its first token reaches the client the rest of the path after the engine produced it.
 A profile with a `host` block also shares its host's cores with the serving path, whose latency then
-stretches with the host's contention (sim/host.py).
+stretches with the host's contention (sim/host.py); one with a `step_noise` block has its steps' time
+wander with its host's speed (sim/noise.py).
 SPS(B) is the engine's own cost table class
 (dspark.cost_table.CostTable: isotonic smoothing, linear interpolation) over the profile's points.
 Acceptance is per position: `acceptance[domain][j-1]` is the probability that drafted token j is
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from dspark.cost_table import CostTable
 from sim.host import HostCost
+from sim.noise import StepNoise
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 
@@ -74,6 +76,9 @@ class Profile:
     # full prompt pages that an earlier prompt on its replica committed are reused, not prefilled
     # (dspark.kv_cache.PageManager), for requests whose trace carries their prompt's token ids.
     prefix_caching: bool = False
+    # The machine's speed wander (sim/noise.py): each step's time multiplied by its host's wandering
+    # speed. None: steps cost what the model prices, always.
+    step_noise: StepNoise | None = None
     sources: tuple[str, ...] = ()
     assumptions: tuple[str, ...] = ()
     # Shared by every replica of this profile: the engine's table, and memoised verify-length choices.
@@ -185,6 +190,7 @@ def from_dict(data: dict) -> Profile:
         heal_rate=float(data.get("heal_rate", 0.05)),
         sps_served=bool(data.get("sps_served", False)),
         prefix_caching=bool(data.get("prefix_caching", False)),
+        step_noise=StepNoise.from_json(data.get("step_noise")),
         sources=tuple(data.get("sources", ())),
         assumptions=tuple(data.get("assumptions", ())),
     )

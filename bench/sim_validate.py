@@ -316,6 +316,7 @@ def measure_profile(
         measurement.write_text(json.dumps(data, indent=1) + "\n")
         noise_out.parent.mkdir(parents=True, exist_ok=True)
         noise_out.write_text(json.dumps(noise, indent=1) + "\n")
+        step_noise.plot(noise, noise_out.with_suffix(".png"))
         fresh = profile_from(data, noise=noise)
         profile_out.parent.mkdir(parents=True, exist_ok=True)
         profile_out.write_text(json.dumps(fresh, indent=1) + "\n")

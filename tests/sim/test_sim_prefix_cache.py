@@ -150,3 +150,39 @@ def test_a_warmed_replica_holds_the_prompts_pages_as_one_that_served_them_before
     uncached = SimReplica("u", small_profile(kv_pages=256), seed=1)
     uncached.warm([prompt(7, 50)])
     assert uncached.admit(request(0, prompt(7, 50))) is None and uncached.seqs[0].computed == 0
+
+
+def repeated_prefixes(sources: int = 60, repeats: int = 4) -> list[Request]:
+    """Each of `sources` prompts' first 128 tokens (8 pages) sent `repeats` times, a second apart, each
+    time with a suffix of its own: a conversation's history coming back with its next turn."""
+    requests, rid = [], 0
+    for turn in range(repeats):
+        for source in range(sources):
+            suffix = tuple(10_000_000 + 100 * rid + j for j in range(16))
+            requests.append(request(rid, prompt(source, 128) + suffix, arrival=turn + source / sources))
+            rid += 1
+    return requests
+
+
+def cached_share(cluster: Cluster, requests: list[Request]) -> float:
+    repeated = sum(r.prompt_tokens for r in requests[len(requests) // 4 :])
+    return sum(r.counters.cached_prompt_tokens for r in cluster.all_replicas()) / repeated
+
+
+def test_at_scale_the_router_still_finds_the_replica_holding_a_prompts_pages(monkeypatch):
+    # 40 replicas, each decision scoring 8 drawn plus those this router sent the prompt's leading page
+    # (router/candidates.py): the repeats land where their pages are, as when every replica is scored.
+    def run(candidates: int | None) -> float:
+        requests = repeated_prefixes()
+        fleet = [Group(caching_profile(), 40)]
+        config = ClusterConfig(fleet, CLASSES, "standard", seed=2, candidates=candidates)
+        cluster = Cluster(config, requests)
+        cluster.run(30.0)
+        assert all(r.outcome == "done" for r in requests)
+        return cached_share(cluster, requests)
+
+    drawn, every = run(8), run(None)
+    assert every > 0.7 and drawn > 0.9 * every
+    # Without the router's memory of where it sent each leading page, a draw of 8 of 40 mostly misses.
+    monkeypatch.setattr("router.candidates.Holders.of", lambda self, page: ())
+    assert run(8) < 0.5 * drawn

@@ -23,19 +23,20 @@ that arm scored 0.746 (0.335 over 60 s). The 1,000-replica runs were 4 s until s
 an arm over its capacity to fall behind (pow2 + fixed scored 0.969 there, 0.352 over 60 s); their three
 key arms now take about 30 CPU-min (389, 686 and 746 CPU-s on one worker).
 
-Scale: the SLA router's decision time at 1,000 replicas (sampled candidates, as the simulator routes,
-and scoring every replica, for contrast) and the wall and CPU time of a 1,000-replica trace, extrapolated
-to the issue's 10 minutes from the trace's loaded second half: a 10-minute trace at 1,000 replicas and 80%
-load is ~8.7 million requests, held in memory from the start (several GB), and would run for over an hour
-here at the rate measured (bench/results/sim.md's Scale line says which). The trace is 30 s since session
-10: the fleet fills for ~12 s (its running requests 13k at 1 s, 41k at 5 s, 57k from 13 s on), and a step
-costs more the more requests it holds, so the second half of the earlier 10 s trace (5-10 s, 41-53k
-running) understated the steady state's CPU per simulated second by about a tenth (11.4 s against 12.5 s
-at 13-15 s, one 16 s trace at session 10's code on a shared machine). Validation: one
-seeded workload on the real demo stack (two replicas, OpenAI HTTP, streaming; run twice to show the real
-cluster's own noise) and in the simulator with this machine's profile, whose SPS table is replaced by the
-one the real replicas use; throughput and p50/p99 TTFT and TPOT, both ways (bench/sim_validate.py: this
-machine's speed drifts, so its --measure-profile measures the profile between the two real runs).
+Scale: the SLA router's decision time at 1,000 replicas (its own candidate draw, router/candidates.py, then
+the decision over the drawn, as in Serve; and scoring every replica, for contrast) and the wall and CPU time
+of a 1,000-replica trace, extrapolated to the issue's 10 minutes from the trace's loaded second half: a
+10-minute trace at 1,000 replicas and 80% load is ~8.7 million requests, held in memory from the start
+(several GB), and would run for over an hour here at the rate measured (bench/results/sim.md's Scale line
+says which). The trace is 30 s since session 10: the fleet fills for ~12 s (its running requests 13k at 1 s,
+41k at 5 s, 57k from 13 s on), and a step costs more the more requests it holds, so the second half of the
+earlier 10 s trace (5-10 s, 41-53k running) understated the steady state's CPU per simulated second by about
+a tenth (11.4 s against 12.5 s at 13-15 s, one 16 s trace at session 10's code on a shared machine).
+Validation: one seeded workload on the real demo stack (two replicas, OpenAI HTTP, streaming; run twice to
+show the real cluster's own noise) and in the simulator with this machine's profile, whose SPS table is
+replaced by the one the real replicas use; throughput and p50/p99 TTFT and TPOT, both ways
+(bench/sim_validate.py: this machine's speed drifts, so its --measure-profile measures the profile between
+the two real runs).
 
 Writes bench/results/sim.json, bench/results/sim.md and PNGs (attainment vs load per arm, budget over time).
 Each arm runs under one seed; bench/sim_seeds.py runs the summary's arms under more, for its noise band.
@@ -256,7 +257,7 @@ def scale(args: argparse.Namespace) -> dict:
     result = run(s, tick)
     loaded_wall, loaded_cpu = time.perf_counter() - half[0], time.process_time() - half[1]
     cluster = result.pop("cluster")
-    # Scoring every replica (no candidate sampling) on the final state, for contrast.
+    # Scoring every replica (no candidate draw) on the final state, for contrast.
     arm = cluster.router
     stats = {r.replica_id: arm.stats(r.replica_id) for r in cluster.replicas}
     pending = [r for r in cluster.requests if r.outcome == "pending"][:50] or cluster.requests[:50]

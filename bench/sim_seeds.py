@@ -1,7 +1,7 @@
 """The simulated arms' noise band: the summary's figures at 80% load under other seeds.
 
 bench/sim.py runs each arm under one seed (0: the workload's arrivals, lengths, classes and domains, the
-replicas' acceptance draws, the router's candidate sampling) and its summary sets ours (sla + controller)
+replicas' acceptance draws, the router's candidate draw) and its summary sets ours (sla + controller)
 against power-of-two + fixed block at 80% load. One seed says nothing of how far those figures move with
 the draws. This runs the summary's arms (and sla + engine) again at 80% under further seeds, with the very
 settings sim.json recorded for them (its arms' own scenarios, the seed changed), and reports per seed each

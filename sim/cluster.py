@@ -71,10 +71,11 @@ class ClusterConfig:
     router: str = "sla"
     stats_period_s: float = 0.25
     stats_delay_s: float = 0.05
-    # Replicas the SLA arm scores per request. 8: at 100 GPU-class replicas and 80% load (12 s traces,
-    # 6 seeded runs of the engine and controller arms) it matched 16's attainment (mean difference
-    # +0.00 points, pairs within +-0.4) at a third less decision time; 4 was 0.2 points lower.
-    candidates: int = 8
+    # Replicas the SLA arm's router draws and scores per request (PolicyConfig.candidates, router/
+    # candidates.py; None: all). 8: at 100 GPU-class replicas and 80% load (12 s traces, 6 seeded runs of
+    # the engine and controller arms) it matched 16's attainment (mean difference +0.00 points, pairs
+    # within +-0.4) at a third less decision time; 4 was 0.2 points lower.
+    candidates: int | None = 8
     # The SLA arm scales its TPOT by each replica's published decode steps (PolicyConfig.calibrate_tpot).
     calibrate_tpot: bool = False
     # The SLA arm's whole policy configuration, when not the defaults (calibrate_tpot above then unused).

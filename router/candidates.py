@@ -1,13 +1,13 @@
 """Which replicas one routing decision scores: a few drawn at random, plus those holding the prompt's pages.
 
-Serve hands a RequestRouter every running replica on every request (RequestRouter.
-_choose_replicas_with_backoff passes its whole replica list), and the policy predicts what the request
-would see on each one it scores. Scoring all of them makes a decision grow with the fleet: at 1,000
-replicas one took 8.9 ms at p50 and 101 ms at p99 (bench/results/route_decision.json, cases_all_scored,
-periodic), so one ingress could route about 100 requests a second. Scoring `PolicyConfig.candidates` replicas drawn
-uniformly (the power of k choices; Ray Serve's default router draws two) keeps a decision flat in the
-fleet size: in the simulator 8 matched 16's SLA attainment at 100 GPU-class replicas and 80 % load
-(sim/cluster.py ClusterConfig.candidates), at a third less decision time.
+Serve hands a RequestRouter every running replica on every request
+(RequestRouter._choose_replicas_with_backoff passes its whole replica list), and the policy predicts what
+the request would see on each one it scores. Scoring all of them makes a decision grow with the fleet: at
+1,000 replicas one took 8.9 ms at p50 and 101 ms at p99 (bench/results/route_decision.json,
+cases_all_scored, periodic), so one ingress could route about 100 requests a second. Scoring
+`PolicyConfig.candidates` replicas drawn uniformly (the power of k choices; Ray Serve's default router draws
+two) keeps a decision flat in the fleet size: in the simulator 8 matched 16's SLA attainment at 100
+GPU-class replicas and 80 % load (sim/cluster.py ClusterConfig.candidates), at a third less decision time.
 
 A uniform draw finds the replicas that cache a prompt's leading pages with a chance of k in n, and prefix
 affinity needs them scored (the policy predicts their skipped prefill, router/policy.py). So the router

@@ -90,7 +90,8 @@ class SlaArm:
         config: PolicyConfig | None = None,
         prior_acceptance: float = 0.5,
         page_size: int | None = None,
-        replica_ids: Sequence[str] | None = None,
+        *,
+        replica_ids: Sequence[str],
     ) -> None:
         self.classes = dict(classes)
         # The replicas cache prefixes in pages of this many tokens: a prompt whose token ids the trace
@@ -99,7 +100,8 @@ class SlaArm:
         self.page_size = page_size
         self._pages: tuple[int, PromptPages] | None = None  # the last request's: decided, then routed
         self.stats = stats
-        # The live fleet's ids in fleet order, kept by the cluster (None: read from `choose`'s replicas).
+        # The live fleet's ids in fleet order, kept by the cluster as replicas fail and return: the draw
+        # picks from them without naming the whole fleet on every request.
         self.replica_ids = replica_ids
         self.balancer = Balancer(
             replace(config or PolicyConfig(), candidates=candidates),
@@ -128,8 +130,7 @@ class SlaArm:
     def choose(self, req: Request, replicas: list, now: float) -> Choice:
         start, cpu = time.perf_counter(), time.thread_time()
         newcomer = self.newcomer(req)
-        ids = self.replica_ids if self.replica_ids is not None else [r.replica_id for r in replicas]
-        stats = {rid: self.stats(rid) for rid in self.balancer.candidates(ids, newcomer)}
+        stats = {rid: self.stats(rid) for rid in self.balancer.candidates(self.replica_ids, newcomer)}
         waited = max(0.0, now - req.arrival)  # its TTFT runs from its arrival
         decision = self.balancer.decide(newcomer, str(req.rid), stats, now, waited)
         self.decision_cpu_s.append(time.thread_time() - cpu)

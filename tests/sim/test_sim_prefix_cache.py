@@ -101,13 +101,18 @@ def test_shared_pages_count_once_and_all_come_back():
 
 def test_the_sla_router_is_told_each_prompts_page_names_when_the_replicas_cache_prefixes():
     sla = {"standard": Sla("standard", 3.0, 0.06, 1, False)}
-    arm = SlaArm(sla, "standard", lambda _: None, seed=0, page_size=16)
+    arm = SlaArm(sla, "standard", lambda _: None, seed=0, page_size=16, replica_ids=())
     pages = arm.newcomer(request(0, prompt(7, 50))).prefix
     assert (
         pages is not None and pages.page_size == 16 and pages.hashes == tuple(route_hashes(prompt(7, 50), 16))
     )
     assert arm.newcomer(request(1, None, length=50)).prefix is None
-    assert SlaArm(sla, "standard", lambda _: None, seed=0).newcomer(request(0, prompt(7, 50))).prefix is None
+    assert (
+        SlaArm(sla, "standard", lambda _: None, seed=0, replica_ids=())
+        .newcomer(request(0, prompt(7, 50)))
+        .prefix
+        is None
+    )
     # The cluster names pages for the router only when its replicas cache prefixes.
     for caching in (True, False):
         fleet = [Group(dataclasses.replace(small_profile(), prefix_caching=caching), 1)]

@@ -283,6 +283,10 @@ class Engine:
         forward_time = time.perf_counter() - t_forward
         num_tokens = sum(len(item.token_ids) for item in items)
         self.stats.forward_tokens += num_tokens
+        attention_keys = len(items) * max(item.start + len(item.token_ids) for item in items)
+        attention_query_keys = attention_keys * max(len(item.token_ids) for item in items)
+        self.stats.attention_keys += attention_keys
+        self.stats.attention_query_keys += attention_query_keys
         self.stats.prefill_tokens += sum(len(item.token_ids) for item in items[len(decoding) :])
         if self.cost_table is not None and self.config.cost_table_ema > 0:
             self.cost_table.observe(num_tokens, forward_time, self.config.cost_table_ema)
@@ -306,7 +310,14 @@ class Engine:
         elapsed = time.perf_counter() - t_start
         self.stats.record_step(elapsed, forward_time, draft_time)
         if chunks:
-            self.stats.record_prefill_step(elapsed, num_tokens, self.stats.rounds - rounds_before, draft_time)
+            self.stats.record_prefill_step(
+                elapsed,
+                num_tokens,
+                self.stats.rounds - rounds_before,
+                draft_time,
+                attention_keys,
+                attention_query_keys,
+            )
         between = t_start - self._busy_step_end if self._busy_step_end is not None else 0.0
         decode_tokens = sum(len(item.token_ids) for item in items[: len(decoding)])
         self.stats.record_decode(len(decoding), decode_tokens, between + elapsed)

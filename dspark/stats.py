@@ -16,6 +16,12 @@ class EngineStats:
     cached_prompt_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
     prefill_tokens: int = 0  # prompt tokens the target ran (the rest were cached)
     forward_tokens: int = 0  # tokens through target forwards: prefill, anchors and verified drafts
+    # The forwards' padded attention (dspark/attention.py pads every request to the longest): each
+    # forward's requests times its longest context (new tokens included), and that times the most new
+    # tokens a request ran (the query-key pairs scored), summed. A step's forward grows with them beside
+    # its tokens: the simulator's profile prices them (sim/attention.py).
+    attention_keys: int = 0
+    attention_query_keys: int = 0
     generated_tokens: int = 0
     steps: int = 0
     rounds: int = 0  # verify rounds summed over requests
@@ -45,6 +51,8 @@ class EngineStats:
     prefill_steps: int = 0
     prefill_step_time_s: float = 0.0
     prefill_step_forward_tokens: int = 0
+    prefill_step_attention_keys: int = 0
+    prefill_step_attention_query_keys: int = 0
     prefill_step_rounds: int = 0
     prefill_step_draft_time_s: float = 0.0
     # The verify-length scheduler: its budget, the lengths it chose (l -> request-rounds), and in
@@ -64,11 +72,21 @@ class EngineStats:
         self.draft_time_s += draft_s
         self.recent_step_ms.append(elapsed_s * 1e3)
 
-    def record_prefill_step(self, elapsed_s: float, forward_tokens: int, rounds: int, draft_s: float) -> None:
+    def record_prefill_step(
+        self,
+        elapsed_s: float,
+        forward_tokens: int,
+        rounds: int,
+        draft_s: float,
+        attention_keys: int = 0,
+        attention_query_keys: int = 0,
+    ) -> None:
         """The step just recorded (record_step) ran a prompt chunk: its part in the prefill steps."""
         self.prefill_steps += 1
         self.prefill_step_time_s += elapsed_s
         self.prefill_step_forward_tokens += forward_tokens
+        self.prefill_step_attention_keys += attention_keys
+        self.prefill_step_attention_query_keys += attention_query_keys
         self.prefill_step_rounds += rounds
         self.prefill_step_draft_time_s += draft_s
 
@@ -119,6 +137,8 @@ class EngineStats:
             else 0.0,
             "prefill_tokens": self.prefill_tokens,
             "forward_tokens": self.forward_tokens,
+            "attention_keys": self.attention_keys,
+            "attention_query_keys": self.attention_query_keys,
             "generated_tokens": self.generated_tokens,
             "steps": self.steps,
             "rounds": self.rounds,
@@ -142,6 +162,8 @@ class EngineStats:
             "prefill_steps": self.prefill_steps,
             "prefill_step_time_s": round(self.prefill_step_time_s, 4),
             "prefill_step_forward_tokens": self.prefill_step_forward_tokens,
+            "prefill_step_attention_keys": self.prefill_step_attention_keys,
+            "prefill_step_attention_query_keys": self.prefill_step_attention_query_keys,
             "prefill_step_rounds": self.prefill_step_rounds,
             "prefill_step_draft_time_s": round(self.prefill_step_draft_time_s, 4),
             "forward_time_s": round(self.forward_time_s, 4),

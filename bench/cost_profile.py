@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from sim import step_fit
+from sim.attention import AttentionCost
 from sim.host import HostCost, beyond, path_latency, path_parts
 from sim.profiles import from_dict
 
@@ -138,6 +139,7 @@ def run_rate(run: dict, requests: float) -> dict:
 SERVE_PROXY = REPO / "bench" / "results" / "serve_proxy.json"
 HOST_SHARING = REPO / "bench" / "results" / "host_sharing.json"  # bench/host_sharing.py's measurement
 STEP_NOISE = REPO / "bench" / "results" / "step_noise.json"  # bench/step_noise.py's measurement
+ATTENTION = REPO / "bench" / "results" / "attention_cost.json"  # bench/attention_cost.py's measurement
 
 
 def request_path_s(serve: dict) -> float:
@@ -173,16 +175,23 @@ def derive_profile(
     command: str,
     sharing: dict | None = None,
     noise: dict | None = None,
+    attention: dict | None = None,
 ) -> dict:
     """cpu_measured.json (as a dict) with its host block and request_path_s derived from `serving` (its
     own path run when it has one, else `serve`, bench/serve.py's proxy run); when `serving` has an engine
     sweep, its SPS table and step terms fitted to the sweep, and when it has a draft sweep, its drafter
     terms (a measurement without them leaves those, and their sources, as they are). `command`: the
     measurement's provenance(); `sharing`: bench/host_sharing.py's measurement (sharing_law); `noise`:
-    bench/step_noise.py's, the step_noise block (noise_block; without it the profile's stays as it is)."""
+    bench/step_noise.py's, the step_noise block (noise_block; without it the profile's stays as it is);
+    `attention`: bench/attention_cost.py's, the attention block, which the step fit then prices in the
+    sweep's forwards (without it the profile's stays as it is)."""
     out = {**profile, "host": host_block(serving, sharing=sharing)}
     if noise is not None:
         out["step_noise"] = noise_block(noise)
+    if attention is not None:
+        from bench.attention_cost import block
+
+        out["attention"] = block(attention)
     out["host"].update(path_load_fit(serving, out["host"]))
     out.pop("request_path_in_s", None)  # the measurement's own split, or none
     if "path" in serving:
@@ -327,20 +336,30 @@ def _per_token_source(host: dict) -> str:
     )
 
 
-def _runs(serving: dict, labels: list[str]) -> list[step_fit.EngineRun]:
-    return [step_fit.EngineRun.from_counters(serving["engine_steps"][label]) for label in labels]
+def _runs(
+    serving: dict, labels: list[str], attention: AttentionCost | None = None
+) -> list[step_fit.EngineRun]:
+    return [step_fit.EngineRun.from_counters(serving["engine_steps"][label], attention) for label in labels]
 
 
-def _points(serving: dict, labels: list[str]) -> list[step_fit.EngineRun]:
+def _points(
+    serving: dict, labels: list[str], attention: AttentionCost | None = None
+) -> list[step_fit.EngineRun]:
     """The step fit's points: each run's prefill steps and decode steps apart where its engine counted
-    them (step_fit.EngineRun.split_counters), else the run."""
-    return [p for label in labels for p in step_fit.EngineRun.split_counters(serving["engine_steps"][label])]
+    them (step_fit.EngineRun.split_counters), else the run; with `attention`, their forwards' padded keys
+    priced beyond the table's (where the engines counted them)."""
+    return [
+        p
+        for label in labels
+        for p in step_fit.EngineRun.split_counters(serving["engine_steps"][label], attention)
+    ]
 
 
 def _fit_steps(out: dict, serving: dict, command: str) -> dict[str, str]:
     """The SPS table and the step terms into `out`; their sources by prefix."""
     sweep, table = serving["engine_sweep"], serving["sps_table"]
-    runs, points = _runs(serving, sweep), _points(serving, sweep)
+    attention = AttentionCost.from_json(out.get("attention"))
+    runs, points = _runs(serving, sweep, attention), _points(serving, sweep, attention)
     out["sps"] = {"points": list(table["points"]), "rates": list(table["rates"])}
     out["sps_fingerprint"] = table.get("fingerprint") or out.get("sps_fingerprint")
     out.pop("sps_served", None)
@@ -362,7 +381,9 @@ def _fit_steps(out: dict, serving: dict, command: str) -> dict[str, str]:
     terms = {k: round(v, 9) for k, v in step_fit.fit_step_terms(points, cost, scale).items()}
     out.update(terms)
     ratios = ", ".join(f"{r:.3f}" for r in step_fit.cpu_over_model(points, cost, terms))
-    timed = ", ".join(f"{r:.2f}" for r in forward_over_model(serving, sweep, cost, terms["forward_scale"]))
+    timed = ", ".join(
+        f"{r:.2f}" for r in forward_over_model(serving, sweep, cost, terms["forward_scale"], attention)
+    )
     timers = (
         "the engines' own forward timers (their forward's wall at the CPU share of their steps') over the "
         f"fitted forward at each run's mean step, per run: {timed} (a check of the split between the "
@@ -371,6 +392,15 @@ def _fit_steps(out: dict, serving: dict, command: str) -> dict[str, str]:
         else ""
     )
     split = len(points) > len(runs)
+    counted = attention is not None and all("attention_keys" in serving["engine_steps"][k] for k in sweep)
+    priced = (
+        "; each run's forward at its mean step priced with its padded key positions beyond the table's "
+        "(the engines' attention_keys counter over its steps, at the attention block's s_per_key: "
+        "sim/attention.py), so the table's reshape and the forward_scale are the forward's at the table's "
+        "own contexts"
+        if counted
+        else ""
+    )
     per = (
         "each run's steps that ran a prompt chunk and its decode-only steps as two points (the engine counts "
         "them apart: dspark/stats.py prefill_step_*), each point's CPU its share of the run's by wall"
@@ -385,7 +415,7 @@ def _fit_steps(out: dict, serving: dict, command: str) -> dict[str, str]:
         SPS_SOURCE: f"{SPS_SOURCE} the engine's own profiled cost table (dspark/cost_table.py) the served "
         f"replicas used in serving_cost's engine sweep ({command}), cache file {Path(table['path']).name}, "
         f"fingerprint in `sps_fingerprint`; the smoothed (isotonic) rates{reshaped}",
-        STEP_SOURCE: f"{STEP_SOURCE} {_fit_source(scale)} over "
+        STEP_SOURCE: f"{STEP_SOURCE} {_fit_source(scale)}{priced} over "
         f"serving_cost's engine sweep ({command}; runs "
         f"{', '.join(sweep)}: concurrency x prompt tokens, two replicas at 1 torch thread, closed loop, its "
         f"own held-out prompts, never the validation's trace; {per}); {over} CPU over the fitted model "
@@ -418,12 +448,15 @@ def _fit_source(scale: float | None) -> str:
     )
 
 
-def forward_over_model(serving: dict, labels: list[str], table, forward_scale: float) -> list[float]:
+def forward_over_model(
+    serving: dict, labels: list[str], table, forward_scale: float, attention: AttentionCost | None = None
+) -> list[float]:
     """Each run's forward CPU per step as the engines timed it (their forward's wall, forward_time_s, at
     the CPU share of their steps' wall) over the fitted forward at its mean step, forward_scale /
-    SPS(mean tokens); runs without the timer are left out."""
+    SPS(mean tokens) (with its padded keys priced, given `attention`); runs without the timer are left
+    out."""
     counters = [serving["engine_steps"][label] for label in labels]
-    runs = [step_fit.EngineRun.from_counters(c) for c in counters if c.get("step_time_s")]
+    runs = [step_fit.EngineRun.from_counters(c, attention) for c in counters if c.get("step_time_s")]
     return [ratio for _, ratio in step_fit.forward_ratios(runs, table, forward_scale)]
 
 
@@ -655,18 +688,26 @@ def acceptance_rows(accept: dict) -> dict[str, list[float]]:
 
 
 def profile_from(
-    measurement: dict, base: Path = PROFILE, serve: Path = SERVE_PROXY, noise: dict | None = None
+    measurement: dict,
+    base: Path = PROFILE,
+    serve: Path = SERVE_PROXY,
+    noise: dict | None = None,
+    attention: dict | None = None,
 ) -> dict:
     """The profile derived from a serving_cost measurement (as loaded), over `base`'s settings, sources and
-    assumptions, with accept.json's rows and the speed wander fitted to `noise` (a bench/step_noise.py
-    measurement; None: the committed one, bench/results/step_noise.json)."""
+    assumptions, with accept.json's rows, the speed wander fitted to `noise` (a bench/step_noise.py
+    measurement; None: the committed one, bench/results/step_noise.json) and the attention block from
+    `attention` (a bench/attention_cost.py measurement; None: the committed one, if any)."""
     current = json.loads(base.read_text())
     current["acceptance"] = acceptance_rows(json.loads(ACCEPT.read_text()))
     serve_run = json.loads(serve.read_text())
     sharing = json.loads(HOST_SHARING.read_text()) if HOST_SHARING.is_file() else None
     if noise is None and STEP_NOISE.is_file():
         noise = json.loads(STEP_NOISE.read_text())
-    return derive_profile(current, measurement["serving"], serve_run, provenance(measurement), sharing, noise)
+    if attention is None and ATTENTION.is_file():
+        attention = json.loads(ATTENTION.read_text())
+    command = provenance(measurement)
+    return derive_profile(current, measurement["serving"], serve_run, command, sharing, noise, attention)
 
 
 def write_profile(measured: Path, out: Path = PROFILE) -> dict:

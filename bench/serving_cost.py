@@ -527,6 +527,8 @@ ENGINE_COUNTERS = (
     "forward_time_s",
     "generated_tokens",
     "forward_tokens",
+    "attention_keys",
+    "attention_query_keys",
     "rounds",
     "drafted_tokens",
     "draft_time_s",
@@ -536,6 +538,8 @@ ENGINE_COUNTERS = (
     "prefill_steps",
     "prefill_step_time_s",
     "prefill_step_forward_tokens",
+    "prefill_step_attention_keys",
+    "prefill_step_attention_query_keys",
     "prefill_step_rounds",
     "prefill_step_draft_time_s",
 )
@@ -596,7 +600,13 @@ def engine_model_s(run: dict, table: dict | None, profile: Profile | None = None
     profile = _with_table(profile or load("cpu_measured"), table)
     steps = max(1, run["steps"])
     tokens, requests = run["forward_tokens"] / steps, run["rounds"] / steps
-    step = profile.step_seconds(max(1, round(tokens)), requests, 0, profile.cost_table())
+    # The forwards' padded keys, where the engine counted them and the profile prices them.
+    padding = (
+        (run["attention_keys"] / steps, run["attention_query_keys"] / steps)
+        if run.get("attention_keys") and run.get("attention_query_keys")
+        else None
+    )
+    step = profile.step_seconds(max(1, round(tokens)), requests, 0, profile.cost_table(), padding)
     return {
         "sps_table": table["path"] if table else "profile's own",
         "engine_model_s": round(step * run["steps"], 4),

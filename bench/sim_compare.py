@@ -131,8 +131,8 @@ def _spread(values: list[float | None]) -> float | None:
 
 def step_view(counters: dict) -> dict:
     """A run's engine steps per step: wall, CPU (the real engine thread's, or the model's time alone on a
-    core), the host's stretch (wall over CPU), decoding requests, forward tokens, and drafts per round;
-    and, for a real run, the cores other work kept busy meanwhile."""
+    core), the host's stretch (wall over CPU), decoding requests, forward tokens and padded keys, and
+    drafts per round; and, for a real run, the cores other work kept busy meanwhile."""
     steps = max(1, counters["steps"])
     cpu = counters["engine_cpu_s"] if "engine_cpu_s" in counters else counters["alone_time_s"]
     rounds = max(1, counters["rounds"])
@@ -143,6 +143,10 @@ def step_view(counters: dict) -> dict:
         "stretch": round(counters["step_time_s"] / cpu, 3) if cpu else None,
         "rounds_per_step": round(counters["rounds"] / steps, 3),
         "tokens_per_step": round(counters["forward_tokens"] / steps, 3),
+        # The forward's padded key positions (requests x longest context), where both sides count them.
+        "keys_per_step": round(counters["attention_keys"] / steps, 1)
+        if counters.get("attention_keys")
+        else None,
         "drafted_per_round": round(counters["drafted_tokens"] / rounds, 3),
         # CPU over the profile's model at the run's mean step (bench/serving_cost.engine_model_s): the
         # real runs' against the sim's own says how far the real engines are from the profile.
@@ -162,6 +166,7 @@ STEP_COLUMNS = (
     ("stretch", "wall / CPU"),
     ("rounds_per_step", "requests / step"),
     ("tokens_per_step", "tokens / step"),
+    ("keys_per_step", "keys / step"),
     ("drafted_per_round", "drafts / request"),
     ("cpu_over_model", "CPU / model"),
     ("other_cores", "other work, cores"),

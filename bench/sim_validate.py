@@ -37,10 +37,11 @@ in, queue, prefill, its replica, the tokens it generated) and set beside the sim
 This machine's speed drifts (more than 2x within an hour has been seen), so a profile measured at another
 time than the real runs measures another machine. --measure-profile measures the profile in the same
 sitting: between the real runs (after the first of two, the second of four), bench/serving_cost.py's
-measurement (its own closed-loop prompts and sweeps, never this trace) runs and the profile is derived
-from it (bench/cost_profile.py); the simulator then runs on that fresh profile, which is written with the
-measurement (its sources name the command and the time it started). The real runs bracket the measurement,
-so its time is their mean's.
+measurement (its own closed-loop prompts and sweeps, never this trace) runs, then bench/step_noise.py's
+(the machine's speed wander) and bench/attention_cost.py's (the forward's price of a padded key), and the
+profile is derived from them (bench/cost_profile.py); the simulator then runs on that fresh profile, which
+is written with the measurement (its sources name the command and the time it started). The real runs
+bracket the measurement, so its time is their mean's.
 
 Run on an idle machine (the real half measures this machine), by bench/sim.py or alone:
 
@@ -291,16 +292,23 @@ STEP_NOISE_S = 60.0  # seconds of bench/step_noise.py's measurement in a sitting
 
 
 def measure_profile(
-    models: str, quick: bool, command: str, measurement: Path, profile_out: Path, noise_out: Path
+    models: str,
+    quick: bool,
+    command: str,
+    measurement: Path,
+    profile_out: Path,
+    noise_out: Path,
+    attention_out: Path,
 ):
-    """The validation's `between`: a function that runs bench/serving_cost.py's measurement and
+    """The validation's `between`: a function that runs bench/serving_cost.py's measurement,
     bench/step_noise.py's (the machine's speed wander: it changes over a day, from a log sd of 0.2 in one
-    morning hour to 0.08 in an afternoon one), derives the profile from them (bench/cost_profile.py, over
-    the committed profile's settings and assumptions), writes all three (at once: a sitting that fails later
-    still leaves a consistent set) and gives the profile and what the result records of it."""
+    morning hour to 0.08 in an afternoon one) and bench/attention_cost.py's (the forward's price of a
+    padded key), derives the profile from them (bench/cost_profile.py, over the committed profile's
+    settings and assumptions), writes all four (at once: a sitting that fails later still leaves a
+    consistent set) and gives the profile and what the result records of it."""
 
     def between() -> tuple[Profile, dict]:
-        from bench import step_noise
+        from bench import attention_cost, step_noise
         from bench.cost_profile import host_check, profile_from
         from bench.serving_cost import QUICK, Settings, measure
 
@@ -312,12 +320,15 @@ def measure_profile(
             "started": started,
             "noise": step_noise.noise(steps),
         }
+        attention = attention_cost.run(Path(models), 3 if quick else 15, f"{command} (its attention cost)")
         measurement.parent.mkdir(parents=True, exist_ok=True)
         measurement.write_text(json.dumps(data, indent=1) + "\n")
         noise_out.parent.mkdir(parents=True, exist_ok=True)
         noise_out.write_text(json.dumps(noise, indent=1) + "\n")
         step_noise.plot(noise, noise_out.with_suffix(".png"))
-        fresh = profile_from(data, noise=noise)
+        attention_out.write_text(json.dumps(attention, indent=1) + "\n")
+        attention_cost.plot(attention, attention_out.with_suffix(".png"))
+        fresh = profile_from(data, noise=noise, attention=attention)
         profile_out.parent.mkdir(parents=True, exist_ok=True)
         profile_out.write_text(json.dumps(fresh, indent=1) + "\n")
         recorded = {
@@ -331,6 +342,8 @@ def measure_profile(
             "measured_at": data["measured_at"],
             "measure_minutes": data["wall_minutes"],
             "step_noise": _shown(noise_out),
+            "attention_cost": _shown(attention_out),
+            "attention_s_per_key": fresh["attention"]["s_per_key"],
             "request_path_s": fresh["request_path_s"],
             "request_path_in_s": fresh.get("request_path_in_s"),
             **{k: fresh[k] for k in (*step_fit.TERMS, *step_fit.DRAFT_TERMS)},
@@ -431,7 +444,7 @@ def sim_steps(replicas: list, table: dict | None, profile: Profile) -> dict:
     from bench.serving_cost import engine_model_s
 
     keys = ("steps", "step_time_s", "alone_time_s", "rounds", "forward_tokens", "drafted_tokens")
-    keys += ("accepted_tokens", "generated_tokens")
+    keys += ("accepted_tokens", "generated_tokens", "attention_keys")
     out = {k: round(sum(getattr(r.counters, k) for r in replicas), 4) for k in keys}
     model = engine_model_s({**out, "engine_cpu_s": out["alone_time_s"]}, table, profile)
     return {**out, **{k: model[k] for k in ("engine_model_s", "engine_cpu_over_model")}}
@@ -620,6 +633,7 @@ def main(argv: list[str] | None = None) -> None:
             out / "serving_cost.json",
             args.profile_out or default,
             out / "step_noise.json",
+            out / "attention_cost.json",
         )
     result = validate(
         args.models, args.quick, args.drafter, real_from, between, args.real_runs, args.sim_seeds

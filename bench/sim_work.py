@@ -30,7 +30,9 @@ from sim.scenario import Scenario, run  # noqa: E402
 
 
 def outcome_digest(cluster) -> str:
-    """Every request's outcome and times and every replica's counters, hashed."""
+    """Every request's outcome and times and every replica's counters, hashed (the attention counters
+    left out where they are 0, as they are unless the profile prices attention: the digests pinned
+    before they existed stay)."""
     digest = hashlib.sha256()
     for r in cluster.requests:
         digest.update(
@@ -40,7 +42,8 @@ def outcome_digest(cluster) -> str:
         )
     for replica in cluster.all_replicas():
         counters = vars(replica.counters)
-        plain = sorted((k, v) for k, v in counters.items() if k != "verify_accept")
+        unpriced = {k for k, v in counters.items() if k.startswith("attention_") and v == 0}
+        plain = sorted((k, v) for k, v in counters.items() if k != "verify_accept" and k not in unpriced)
         digest.update(repr((replica.replica_id, plain, sorted(counters["verify_accept"].items()))).encode())
     return digest.hexdigest()
 

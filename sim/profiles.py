@@ -3,13 +3,15 @@
 A profile is a data file under sim/profiles/ citing its sources and stating its assumptions. A step of B
 tokens over N decoding requests, n of them drafting, takes
 
-    forward_scale / SPS(B) + step_overhead + N request_overhead + B token_overhead
+    forward_scale (1 / SPS(B) + attention) + step_overhead + N request_overhead + B token_overhead
       + (draft_s_per_step + n draft_s_per_request, when anything is drafted)
 
 seconds (token_overhead may be negative: a fitted correction of the table's price per token,
-sim/step_fit.py), times the replica's slow-down factor; a request reaches its replica `request_path_s`
-after it arrives, or, when the profile measured the path's way in (`request_path_in_s`), that long after it
-arrives, and its first token reaches the client the rest of the path after the engine produced it.
+sim/step_fit.py), times the replica's slow-down factor; `attention` is 0 unless the profile has an
+`attention` block, which prices the step's padded key positions beyond the table's own (sim/attention.py);
+a request reaches its replica `request_path_s` after it arrives, or, when the profile measured the path's way
+in (`request_path_in_s`), that long after it arrives, and its first token reaches the client the rest of the
+path after the engine produced it.
 A profile with a `host` block also shares its host's cores with the serving path, whose latency then
 stretches with the host's contention (sim/host.py); one with a `step_noise` block has its steps' time
 wander with its host's speed (sim/noise.py).
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dspark.cost_table import CostTable
+from sim.attention import AttentionCost
 from sim.host import HostCost
 from sim.noise import StepNoise
 
@@ -79,6 +82,9 @@ class Profile:
     # The machine's speed wander (sim/noise.py): each step's time multiplied by its host's wandering
     # speed. None: steps cost what the model prices, always.
     step_noise: StepNoise | None = None
+    # A step's attention over its padded key positions beyond the table's (sim/attention.py). None: a
+    # step is priced by its tokens alone, whatever its requests' contexts.
+    attention: AttentionCost | None = None
     sources: tuple[str, ...] = ()
     assumptions: tuple[str, ...] = ()
     # Shared by every replica of this profile: the engine's table, and memoised verify-length choices.
@@ -93,6 +99,12 @@ class Profile:
                     raise ValueError(
                         f"token_overhead_s {self.token_overhead_s} makes a step of {b} tokens free"
                     )
+        if self.attention is not None:  # the least padded step of B tokens: one request, no context
+            for b, rate in zip(self.sps_points, self.sps_rates):
+                if 1.0 / rate + self.attention.extra_s(b, b, b * b) <= 0:
+                    raise ValueError(
+                        f"attention's s_per_key {self.attention.s_per_key} makes a {b}-token forward free"
+                    )
         for domain, row in self.acceptance.items():
             if len(row) < self.gamma or not all(0 <= c <= 1 for c in row):
                 raise ValueError(f"acceptance[{domain!r}] needs {self.gamma} probabilities in [0, 1]")
@@ -104,8 +116,24 @@ class Profile:
             )
         return self.cache["table"]
 
-    def step_seconds(self, tokens: int, requests: int, drafting: int, table: CostTable) -> float:
-        seconds = self.forward_scale / table(tokens) + self.step_overhead_s
+    def forward_seconds(
+        self, tokens: int, table: CostTable, padding: tuple[float, float] | None = None
+    ) -> float:
+        """The forward of a step of `tokens` whose attention is padded to `padding`, (keys, query-keys)
+        (sim/attention.py; None: the table's own step's)."""
+        if self.attention is None or padding is None:
+            return self.forward_scale / table(tokens)
+        return self.forward_scale * (1.0 / table(tokens) + self.attention.extra_s(tokens, *padding))
+
+    def step_seconds(
+        self,
+        tokens: int,
+        requests: int,
+        drafting: int,
+        table: CostTable,
+        padding: tuple[float, float] | None = None,
+    ) -> float:
+        seconds = self.forward_seconds(tokens, table, padding) + self.step_overhead_s
         seconds += requests * self.request_overhead_s + tokens * self.token_overhead_s
         if drafting:
             seconds += self.draft_s_per_step + drafting * self.draft_s_per_request
@@ -122,6 +150,13 @@ class Profile:
             token_overhead_s=self.token_overhead_s / speed,
             draft_s_per_step=self.draft_s_per_step / speed,
             draft_s_per_request=self.draft_s_per_request / speed,
+            attention=None
+            if self.attention is None
+            else replace(
+                self.attention,
+                s_per_key=self.attention.s_per_key / speed,
+                s_per_query_key=self.attention.s_per_query_key / speed,
+            ),
             cache={},
         )
 
@@ -191,6 +226,7 @@ def from_dict(data: dict) -> Profile:
         sps_served=bool(data.get("sps_served", False)),
         prefix_caching=bool(data.get("prefix_caching", False)),
         step_noise=StepNoise.from_json(data.get("step_noise")),
+        attention=AttentionCost.from_json(data.get("attention")),
         sources=tuple(data.get("sources", ())),
         assumptions=tuple(data.get("assumptions", ())),
     )

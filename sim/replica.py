@@ -70,6 +70,10 @@ class Plan:
     draft_seconds: float
     forward_seconds: float
     seconds: float
+    # Its forward's padded attention (sim/attention.py): requests x longest context, and that x the most
+    # new tokens of a request (0: not priced).
+    keys: int = 0
+    query_keys: int = 0
     stretch: float = 1.0  # how much longer than alone it ran on its host (sim/host.py), set as it ends
     started: float = 0.0  # when it started (on a host, `seconds` is its time alone until it ends)
 
@@ -93,6 +97,9 @@ class Counters:
     # Beside the engine's own counters, the model's view of the same steps: tokens through the forward,
     # and the steps' time alone on a core (step_time_s less the host's stretch: the engine thread's CPU).
     forward_tokens: int = 0
+    # As the engine counts them, where the profile prices attention.
+    attention_keys: int = 0
+    attention_query_keys: int = 0
     alone_time_s: float = 0.0
     # The forwards' wall time on the host (forward_time_s stretched by the host's contention): what the
     # engine's own forward_time_s measures, so what the replica publishes (sim/stats.py).
@@ -254,10 +261,23 @@ class SimReplica:
         used = self.pages.num_pages - self.pages.num_free_pages
         self.counters.max_pages_used = max(self.counters.max_pages_used, used)
         drafters = len(caps) - caps.count(0)
-        forward = self.slow * self.profile.forward_scale / self.model_table(tokens)
-        seconds = self.slow * self.profile.step_seconds(tokens, len(decoding), drafters, self.model_table)
+        padding = None
+        if self.profile.attention is not None:  # requests x longest context, and x most new tokens
+            news = [1 + n for n in lengths] + [n for _, n in chunks]
+            longest = max(
+                [s.computed + 1 + n for s, n in zip(decoding, lengths)] + [s.computed + n for s, n in chunks]
+            )
+            keys = len(news) * longest
+            padding = (keys, keys * max(news))
+        forward = self.slow * self.profile.forward_seconds(tokens, self.model_table, padding)
+        seconds = self.slow * self.profile.step_seconds(
+            tokens, len(decoding), drafters, self.model_table, padding
+        )
         draft = self.slow * (self.profile.draft_s_per_step + drafters * self.profile.draft_s_per_request)
-        return Plan(decoding, lengths, chunks, tokens, drafting, draft if drafters else 0.0, forward, seconds)
+        draft = draft if drafters else 0.0
+        return Plan(
+            decoding, lengths, chunks, tokens, drafting, draft, forward, seconds, *(padding or (0, 0))
+        )
 
     def _lengths(self, decoding: list[SimSeq], caps: list[int], step_cap: int) -> list[int]:
         """The engine's verify-length policy on this batch (memoised per composition, see the docstring)."""
@@ -293,6 +313,8 @@ class SimReplica:
         c.step_time_s += plan.seconds
         c.alone_time_s += plan.seconds / plan.stretch
         c.forward_tokens += plan.tokens
+        c.attention_keys += plan.keys
+        c.attention_query_keys += plan.query_keys
         c.forward_time_s += plan.forward_seconds
         c.forward_wall_s += plan.forward_seconds * plan.stretch
         first, done = [], []

@@ -52,6 +52,13 @@ priced as served, the prompt chunks' points need that correction (-0.06 to -0.13
 whose terms would make a step of any of its table's sizes cost nothing is refused (sim/profiles.py
 Profile).
 
+Where the profile prices attention (sim/attention.py: a forward's padded key positions beyond the table's)
+and the runs carry the engines' attention counters, each run's forward at its mean step is the
+table's plus its mean padding's price (EngineRun.attention_s), and forward_scale, the table's reshape and the
+overheads are fitted over that: the sweep's runs hold shorter contexts than the table's timed requests
+(a 48-token prompt's against 256), so without it the reshaped table took in the sweep's contexts and
+priced the validation's longer ones as if they were the sweep's.
+
 The drafter's terms (draft_s_per_step + n draft_s_per_request, on a step where n requests draft) are fitted
 alike to runs that draft every round (the draft gate off): the drafting CPU per step on (1, requests).
 """
@@ -60,9 +67,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
+
+from sim.attention import AttentionCost
 
 TERMS = ("forward_scale", "step_overhead_s", "request_overhead_s", "token_overhead_s")
 DRAFT_TERMS = ("draft_s_per_step", "draft_s_per_request")
@@ -79,26 +88,42 @@ class EngineRun:
     cpu_s: float
     draft_cpu_s: float = 0.0
     forward_cpu_s: float | None = None  # its forward's CPU as the engine timed it (None: not timed)
+    # Its mean forward's attention beyond the table's price at its mean step, on the table's clock
+    # (sim/attention.py, from the engine's attention counters): 0 where not priced or not counted.
+    attention_s: float = 0.0
 
     @classmethod
-    def from_counters(cls, run: dict) -> EngineRun:
+    def from_counters(cls, run: dict, attention: AttentionCost | None = None) -> EngineRun:
         """From a bench/serving_cost.py engine run (`engine_steps` entry): its drafting and its forward
-        (Engine.step's timer around runner.forward) at the CPU share of its steps' wall."""
+        (Engine.step's timer around runner.forward) at the CPU share of its steps' wall; with
+        `attention`, its forwards' padded keys priced beyond the table's (where the engine counted them)."""
         wall = run.get("step_time_s", 0.0)
         on_cpu = min(1.0, run["engine_cpu_s"] / wall) if wall > 0 else 1.0
         draft_cpu = run.get("draft_time_s", 0.0) * on_cpu
         forward_cpu = run["forward_time_s"] * on_cpu if run.get("forward_time_s") else None
         counts = (int(run["steps"]), run["forward_tokens"], run["rounds"], run["engine_cpu_s"])
-        return cls(*counts, draft_cpu, forward_cpu)
+        whole = cls(*counts, draft_cpu, forward_cpu)
+        return whole.with_attention(attention, run.get("attention_keys"), run.get("attention_query_keys"))
+
+    def with_attention(
+        self, attention: AttentionCost | None, keys: float | None, query_keys: float | None
+    ) -> EngineRun:
+        """The run with its forwards' padded `keys` and `query_keys` (summed over its steps) priced."""
+        if attention is None or keys is None or query_keys is None or self.steps == 0:
+            return self
+        tokens = max(1, round(self.tokens_per_step))
+        return replace(
+            self, attention_s=attention.extra_s(tokens, keys / self.steps, query_keys / self.steps)
+        )
 
     @classmethod
-    def split_counters(cls, run: dict) -> list[EngineRun]:
+    def split_counters(cls, run: dict, attention: AttentionCost | None = None) -> list[EngineRun]:
         """A bench/serving_cost.py engine run as two points where its engine counted the steps that ran
         a prompt chunk apart (dspark/stats.py prefill_step_*): those steps and the decode-only rest, each
         with its share of the engine thread's CPU by its share of the steps' wall (the two kinds run on
         the same thread beside the same load); the whole run where it did not, or where one kind is
         missing."""
-        whole = cls.from_counters(run)
+        whole = cls.from_counters(run, attention)
         prefill = run.get("prefill_steps", 0)
         if not 0 < prefill < whole.steps or run.get("step_time_s", 0.0) <= 0:
             return [whole]
@@ -120,6 +145,12 @@ class EngineRun:
             whole.cpu_s - prefill_run.cpu_s,
             whole.draft_cpu_s - prefill_run.draft_cpu_s,
         )
+        counted = ("attention_keys", "attention_query_keys")
+        if all(k in run and f"prefill_step_{k}" in run for k in counted):
+            in_prefill = [run[f"prefill_step_{k}"] for k in counted]
+            prefill_run = prefill_run.with_attention(attention, *in_prefill)
+            rest = [run[k] - p for k, p in zip(counted, in_prefill)]
+            decode_run = decode_run.with_attention(attention, *rest)
         return [prefill_run, decode_run]
 
     @property
@@ -139,8 +170,9 @@ Table = Callable[[int], float]  # SPS at a step of B tokens (dspark.cost_table.C
 
 
 def forward_s(run: EngineRun, table: Table) -> float:
-    """The table's forward time at the run's mean tokens per step (the simulator steps whole tokens)."""
-    return 1.0 / table(max(1, round(run.tokens_per_step)))
+    """The table's forward time at the run's mean tokens per step (the simulator steps whole tokens), with
+    its attention beyond the table's where priced."""
+    return 1.0 / table(max(1, round(run.tokens_per_step))) + run.attention_s
 
 
 def model_s(run: EngineRun, table: Table, terms: dict[str, float]) -> float:

@@ -76,12 +76,14 @@ def test_a_step_view_reads_the_real_engines_cpu_or_the_models_time_alone():
         "stretch": 1.6,
         "rounds_per_step": 1.5,
         "tokens_per_step": 4.0,
+        "keys_per_step": None,  # not counted (an engine before the attention_keys counter)
         "drafted_per_round": 0.2,
         "cpu_over_model": 1.07,
         "other_cores": 0.25,
     }
     assert (step_view(sim)["cpu_ms"], step_view(sim)["stretch"]) == (16.0, 1.25)
     assert step_view(sim)["other_cores"] is None and step_view(sim)["cpu_over_model"] is None
+    assert step_view({**real, "attention_keys": 52_345})["keys_per_step"] == 523.5
 
 
 def split(path: float, queue: float, prefill: float) -> dict:
@@ -178,9 +180,9 @@ def test_the_report_shows_both_real_runs_their_spread_the_sim_and_the_steps():
         "Sitting: real run 1 2026-11-30T10:00:00Z (2.6 min); "
         "profile measurement 2026-11-30T10:02:36Z (1.7 min)\n"
     ) in lines
-    assert "| real run 1 | 10 | 20.0 | 10.0 | 2.0 | 1.0 | 2.0 | 0.0 | 1.1 | 0.0 |" in lines
-    assert "| real run 2 | 10 | 20.0 | 12.5 | 1.6 | 1.0 | 2.0 | 0.0 | - | 0.3 |" in lines
-    assert "| sim | 10 | 20.0 | 16.0 | 1.25 | 1.0 | 2.0 | 0.0 | 1.04 | - |" in lines
+    assert "| real run 1 | 10 | 20.0 | 10.0 | 2.0 | 1.0 | 2.0 | - | 0.0 | 1.1 | 0.0 |" in lines
+    assert "| real run 2 | 10 | 20.0 | 12.5 | 1.6 | 1.0 | 2.0 | - | 0.0 | - | 0.3 |" in lines
+    assert "| sim | 10 | 20.0 | 16.0 | 1.25 | 1.0 | 2.0 | - | 0.0 | 1.04 | - |" in lines
     (note,) = [line for line in lines if line.startswith("\nOther work")]
     assert "(real run 2 0.3)" in note
 

@@ -4,6 +4,8 @@ the profile and the replica's steps, its fit to a measurement, and the fit of th
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -248,3 +250,15 @@ def test_a_runs_prefill_and_decode_steps_each_carry_their_own_keys():
     assert prefill.attention_s == pytest.approx(ATTENTION.extra_s(60, 1200, 84_000))
     assert decode.attention_s == pytest.approx(ATTENTION.extra_s(round(300 / 90), 18_000 / 90, 60_000 / 90))
     assert all(p.attention_s == 0.0 for p in EngineRun.split_counters(run))
+
+
+def test_the_committed_profile_carries_the_committed_measurements_block():
+    from bench.cost_profile import ATTENTION as MEASURED
+    from sim.profiles import load
+
+    measured = json.loads(MEASURED.read_text())
+    made = block(measured)
+    assert load("cpu_measured").attention == AttentionCost.from_json(made)
+    assert math.isclose(made["s_per_key"], measured["fit"]["s_per_key"], rel_tol=1e-6)
+    assert math.isclose(made["s_per_query_key"], measured["fit"]["s_per_query_key"], rel_tol=1e-6)
+    assert load("gpu_dsv4flash_rocm").attention is None  # the GPU class's forward is not this padded one

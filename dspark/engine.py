@@ -288,6 +288,7 @@ class Engine:
         self.stats.attention_keys += attention_keys
         self.stats.attention_query_keys += attention_query_keys
         self.stats.prefill_tokens += sum(len(item.token_ids) for item in items[len(decoding) :])
+        self.stats.prompt_chunks += len(chunks)
         if self.cost_table is not None and self.config.cost_table_ema > 0:
             self.cost_table.observe(num_tokens, forward_time, self.config.cost_table_ema)
 

@@ -15,6 +15,7 @@ class EngineStats:
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
     prefill_tokens: int = 0  # prompt tokens the target ran (the rest were cached)
+    prompt_chunks: int = 0  # prompt chunks the target ran (a request's prompt in one or more steps)
     forward_tokens: int = 0  # tokens through target forwards: prefill, anchors and verified drafts
     # The forwards' padded attention (dspark/attention.py pads every request to the longest): each
     # forward's requests times its longest context (new tokens included), and that times the most new
@@ -136,6 +137,7 @@ class EngineStats:
             if self.prompt_tokens
             else 0.0,
             "prefill_tokens": self.prefill_tokens,
+            "prompt_chunks": self.prompt_chunks,
             "forward_tokens": self.forward_tokens,
             "attention_keys": self.attention_keys,
             "attention_query_keys": self.attention_query_keys,

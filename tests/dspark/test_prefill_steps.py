@@ -39,3 +39,4 @@ def test_steps_that_ran_a_prompt_chunk_are_counted_apart_with_their_tokens_and_r
     assert counters["prefill_steps"] == 2 and counters["prefill_step_rounds"] == 1
     assert counters["prefill_step_forward_tokens"] == 9 and counters["steps"] > 2
     assert counters["prefill_step_time_s"] < counters["step_time_s"]
+    assert counters["prompt_chunks"] == 2  # each prompt in one chunk

@@ -379,6 +379,7 @@ def _fit_steps(out: dict, serving: dict, command: str) -> dict[str, str]:
         cost = from_dict(out).cost_table()
         scale = step_fit.fit_forward_scale(runs, cost)
     terms = {k: round(v, 9) for k, v in step_fit.fit_step_terms(points, cost, scale).items()}
+    out.pop(step_fit.CHUNK_TERM, None)  # this measurement's own, or none
     out.update(terms)
     ratios = ", ".join(f"{r:.3f}" for r in step_fit.cpu_over_model(points, cost, terms))
     timed = ", ".join(
@@ -415,7 +416,7 @@ def _fit_steps(out: dict, serving: dict, command: str) -> dict[str, str]:
         SPS_SOURCE: f"{SPS_SOURCE} the engine's own profiled cost table (dspark/cost_table.py) the served "
         f"replicas used in serving_cost's engine sweep ({command}), cache file {Path(table['path']).name}, "
         f"fingerprint in `sps_fingerprint`; the smoothed (isotonic) rates{reshaped}",
-        STEP_SOURCE: f"{STEP_SOURCE} {_fit_source(scale)}{priced} over "
+        STEP_SOURCE: f"{STEP_SOURCE} {_fit_source(scale, step_fit.CHUNK_TERM in terms)}{priced} over "
         f"serving_cost's engine sweep ({command}; runs "
         f"{', '.join(sweep)}: concurrency x prompt tokens, two replicas at 1 torch thread, closed loop, its "
         f"own held-out prompts, never the validation's trace; {per}); {over} CPU over the fitted model "
@@ -427,11 +428,13 @@ def _fit_steps(out: dict, serving: dict, command: str) -> dict[str, str]:
     }
 
 
-def _fit_source(scale: float | None) -> str:
+def _fit_source(scale: float | None, chunks: bool = False) -> str:
     """How the step terms were fitted: forward_scale from the engines' forward timers where the runs
     carry them, else with the overheads (sim/step_fit.py)."""
     signs = "the token term of either sign (the table is timed on verify-shaped steps; a prompt chunk's "
     signs += "tokens cost less each)"
+    chunked = ", prompt chunks per step (the engines' prompt_chunks counter)" if chunks else ""
+    bounded = "first two and the chunk term" if chunks else "first two"
     if scale is None:
         return (
             "least-squares fit (sim/step_fit.py) of the served engine thread's CPU per step, less its "
@@ -444,7 +447,7 @@ def _fit_source(scale: float | None) -> str:
         "the CPU share of its steps' wall, per step, on the table's forward at its mean step: "
         "sim/step_fit.py fit_forward_scale); the overheads a least-squares fit of the served engine "
         "thread's CPU per step, less its drafting and that forward, on (1, decoding requests per step, "
-        f"tokens per step), the first two never below 0 and {signs}"
+        f"tokens per step{chunked}), the {bounded} never below 0 and {signs}"
     )
 
 

@@ -527,6 +527,7 @@ ENGINE_COUNTERS = (
     "forward_time_s",
     "generated_tokens",
     "forward_tokens",
+    "prompt_chunks",
     "attention_keys",
     "attention_query_keys",
     "rounds",
@@ -606,7 +607,8 @@ def engine_model_s(run: dict, table: dict | None, profile: Profile | None = None
         if run.get("attention_keys") and run.get("attention_query_keys")
         else None
     )
-    step = profile.step_seconds(max(1, round(tokens)), requests, 0, profile.cost_table(), padding)
+    chunks = run.get("prompt_chunks", 0) / steps
+    step = profile.step_seconds(max(1, round(tokens)), requests, 0, profile.cost_table(), padding, chunks)
     return {
         "sps_table": table["path"] if table else "profile's own",
         "engine_model_s": round(step * run["steps"], 4),

@@ -346,7 +346,11 @@ def measure_profile(
             "attention_s_per_key": fresh["attention"]["s_per_key"],
             "request_path_s": fresh["request_path_s"],
             "request_path_in_s": fresh.get("request_path_in_s"),
-            **{k: fresh[k] for k in (*step_fit.TERMS, *step_fit.DRAFT_TERMS)},
+            **{
+                k: fresh[k]
+                for k in (*step_fit.TERMS, step_fit.CHUNK_TERM, *step_fit.DRAFT_TERMS)
+                if k in fresh
+            },
         }
         return from_dict(fresh), recorded
 

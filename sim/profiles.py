@@ -4,14 +4,14 @@ A profile is a data file under sim/profiles/ citing its sources and stating its 
 tokens over N decoding requests, n of them drafting, takes
 
     forward_scale (1 / SPS(B) + attention) + step_overhead + N request_overhead + B token_overhead
-      + (draft_s_per_step + n draft_s_per_request, when anything is drafted)
+      + C chunk_overhead + (draft_s_per_step + n draft_s_per_request, when anything is drafted)
 
-seconds (token_overhead may be negative: a fitted correction of the table's price per token,
-sim/step_fit.py), times the replica's slow-down factor; `attention` is 0 unless the profile has an
-`attention` block, which prices the step's padded key positions beyond the table's own (sim/attention.py);
-a request reaches its replica `request_path_s` after it arrives, or, when the profile measured the path's way
-in (`request_path_in_s`), that long after it arrives, and its first token reaches the client the rest of the
-path after the engine produced it.
+seconds, C of its requests running a prompt chunk (token_overhead may be negative: a fitted correction of the
+table's price per token, sim/step_fit.py), times the replica's slow-down factor; `attention` is 0 unless the
+profile has an `attention` block, which prices the step's padded key positions beyond the table's own
+(sim/attention.py); a request reaches its replica `request_path_s` after it arrives, or, when the profile
+measured the path's way in (`request_path_in_s`), that long after it arrives, and its first token reaches the
+client the rest of the path after the engine produced it.
 A profile with a `host` block also shares its host's cores with the serving path, whose latency then
 stretches with the host's contention (sim/host.py); one with a `step_noise` block has its steps' time
 wander with its host's speed (sim/noise.py).
@@ -53,6 +53,9 @@ class Profile:
     step_overhead_s: float = 0.0
     request_overhead_s: float = 0.0
     token_overhead_s: float = 0.0
+    # The engine's work for each prompt chunk beyond its forward (handing its hidden states to the
+    # drafter, offering its pages to the prefix cache, the first token's sampling): sim/step_fit.py.
+    chunk_overhead_s: float = 0.0
     draft_s_per_step: float = 0.0
     draft_s_per_request: float = 0.0
     # The serving path: its latency to the first token beside the engine's work (proxy, ingress, router,
@@ -132,9 +135,11 @@ class Profile:
         drafting: int,
         table: CostTable,
         padding: tuple[float, float] | None = None,
+        chunks: float = 0,
     ) -> float:
         seconds = self.forward_seconds(tokens, table, padding) + self.step_overhead_s
         seconds += requests * self.request_overhead_s + tokens * self.token_overhead_s
+        seconds += chunks * self.chunk_overhead_s
         if drafting:
             seconds += self.draft_s_per_step + drafting * self.draft_s_per_request
         return seconds
@@ -148,6 +153,7 @@ class Profile:
             step_overhead_s=self.step_overhead_s / speed,
             request_overhead_s=self.request_overhead_s / speed,
             token_overhead_s=self.token_overhead_s / speed,
+            chunk_overhead_s=self.chunk_overhead_s / speed,
             draft_s_per_step=self.draft_s_per_step / speed,
             draft_s_per_request=self.draft_s_per_request / speed,
             attention=None
@@ -216,6 +222,7 @@ def from_dict(data: dict) -> Profile:
         step_overhead_s=float(data.get("step_overhead_s", 0.0)),
         request_overhead_s=float(data.get("request_overhead_s", 0.0)),
         token_overhead_s=float(data.get("token_overhead_s", 0.0)),
+        chunk_overhead_s=float(data.get("chunk_overhead_s", 0.0)),
         draft_s_per_step=float(data.get("draft_s_per_step", 0.0)),
         draft_s_per_request=float(data.get("draft_s_per_request", 0.0)),
         request_path_s=float(data.get("request_path_s", 0.0)),

@@ -271,7 +271,7 @@ class SimReplica:
             padding = (keys, keys * max(news))
         forward = self.slow * self.profile.forward_seconds(tokens, self.model_table, padding)
         seconds = self.slow * self.profile.step_seconds(
-            tokens, len(decoding), drafters, self.model_table, padding
+            tokens, len(decoding), drafters, self.model_table, padding, len(chunks)
         )
         draft = self.slow * (self.profile.draft_s_per_step + drafters * self.profile.draft_s_per_request)
         draft = draft if drafters else 0.0

@@ -59,6 +59,14 @@ overheads are fitted over that: the sweep's runs hold shorter contexts than the 
 (a 48-token prompt's against 256), so without it the reshaped table took in the sweep's contexts and
 priced the validation's longer ones as if they were the sweep's.
 
+Where the runs count their prompt chunks (the engine's prompt_chunks counter), the overheads take a term
+per chunk beside the others (chunk_overhead_s, never below 0; every chunk falls in the prefill steps'
+point): the engine's work for a chunk outside its forward (its hidden states handed to the drafter, its
+pages offered to the prefix cache, the first token sampled) is its own, about 0.46 ms a chunk on one
+engine alone (scratch, 2026-12-06: the outside of a step, per step, on (1, decoders, chunks, prompt
+tokens, decode tokens)), and without it the token term took the prompt chunks' cost and the prefill steps
+of the sweep's busier runs were priced 22-46 % below their CPU.
+
 The drafter's terms (draft_s_per_step + n draft_s_per_request, on a step where n requests draft) are fitted
 alike to runs that draft every round (the draft gate off): the drafting CPU per step on (1, requests).
 """
@@ -75,6 +83,7 @@ from sim.attention import AttentionCost
 
 TERMS = ("forward_scale", "step_overhead_s", "request_overhead_s", "token_overhead_s")
 DRAFT_TERMS = ("draft_s_per_step", "draft_s_per_request")
+CHUNK_TERM = "chunk_overhead_s"
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,7 @@ class EngineRun:
     # Its mean forward's attention beyond the table's price at its mean step, on the table's clock
     # (sim/attention.py, from the engine's attention counters): 0 where not priced or not counted.
     attention_s: float = 0.0
+    chunks: float | None = None  # prompt chunks run over its steps (None: not counted)
 
     @classmethod
     def from_counters(cls, run: dict, attention: AttentionCost | None = None) -> EngineRun:
@@ -102,7 +112,7 @@ class EngineRun:
         draft_cpu = run.get("draft_time_s", 0.0) * on_cpu
         forward_cpu = run["forward_time_s"] * on_cpu if run.get("forward_time_s") else None
         counts = (int(run["steps"]), run["forward_tokens"], run["rounds"], run["engine_cpu_s"])
-        whole = cls(*counts, draft_cpu, forward_cpu)
+        whole = cls(*counts, draft_cpu, forward_cpu, chunks=run.get("prompt_chunks"))
         return whole.with_attention(attention, run.get("attention_keys"), run.get("attention_query_keys"))
 
     def with_attention(
@@ -131,12 +141,14 @@ class EngineRun:
         draft_share = (
             run["prefill_step_draft_time_s"] / run["draft_time_s"] if run.get("draft_time_s") else 0.0
         )
+        decode_chunks = None if whole.chunks is None else 0.0  # every chunk runs in a prefill step
         prefill_run = cls(
             int(prefill),
             run["prefill_step_forward_tokens"],
             run["prefill_step_rounds"],
             whole.cpu_s * share,
             whole.draft_cpu_s * draft_share,
+            chunks=whole.chunks,
         )
         decode_run = cls(
             whole.steps - prefill_run.steps,
@@ -144,6 +156,7 @@ class EngineRun:
             whole.rounds - prefill_run.rounds,
             whole.cpu_s - prefill_run.cpu_s,
             whole.draft_cpu_s - prefill_run.draft_cpu_s,
+            chunks=decode_chunks,
         )
         counted = ("attention_keys", "attention_query_keys")
         if all(k in run and f"prefill_step_{k}" in run for k in counted):
@@ -165,6 +178,10 @@ class EngineRun:
     def requests_per_step(self) -> float:
         return self.rounds / self.steps
 
+    @property
+    def chunks_per_step(self) -> float:
+        return (self.chunks or 0.0) / self.steps
+
 
 Table = Callable[[int], float]  # SPS at a step of B tokens (dspark.cost_table.CostTable is one)
 
@@ -182,6 +199,7 @@ def model_s(run: EngineRun, table: Table, terms: dict[str, float]) -> float:
         + terms["step_overhead_s"]
         + run.requests_per_step * terms["request_overhead_s"]
         + run.tokens_per_step * terms["token_overhead_s"]
+        + run.chunks_per_step * terms.get(CHUNK_TERM, 0.0)
     )
 
 
@@ -197,10 +215,15 @@ def fit_step_terms(
         y = [r.plain_cpu_s / r.steps for r in runs]
         fit = nonnegative_least_squares(*_weighted(x, y, weights), "requests and tokens", (0,), free=(3,))
         return dict(zip(TERMS, fit))
-    x = [[1.0, r.requests_per_step, r.tokens_per_step] for r in runs]
+    # Where every run counted its prompt chunks, a term per chunk beside the others (never below 0).
+    counted = all(r.chunks is not None for r in runs)
+    x = [
+        [1.0, r.requests_per_step, r.tokens_per_step] + ([r.chunks_per_step] if counted else []) for r in runs
+    ]
     y = [r.plain_cpu_s / r.steps - forward_scale * forward_s(r, table) for r in runs]
-    overheads = nonnegative_least_squares(*_weighted(x, y, weights), "requests and tokens", free=(2,))
-    return dict(zip(TERMS, [forward_scale, *overheads]))
+    varied = "requests, tokens and prompt chunks" if counted else "requests and tokens"
+    overheads = nonnegative_least_squares(*_weighted(x, y, weights), varied, free=(2,))
+    return dict(zip((*TERMS, CHUNK_TERM), [forward_scale, *overheads]))
 
 
 def _weighted(x: list[list[float]], y: list[float], weights: list[float]) -> tuple[list, list]:

@@ -340,3 +340,62 @@ def test_a_table_whose_shape_parts_from_the_timed_forward_is_reshaped_to_it():
     reshaped = CostTable(flat.points, rates, 64, source="given")
     assert fit_forward_scale(runs, reshaped) == pytest.approx(scale, rel=1e-6)
     assert all(r == pytest.approx(1.0, rel=1e-6) for _, r in forward_ratios(runs, reshaped, scale))
+
+
+def test_a_term_per_prompt_chunk_is_fitted_where_the_runs_count_their_chunks():
+    """Runs whose steps pay 0.46 ms per prompt chunk beside the other terms: with the engines'
+    prompt_chunks counter the fit gives the chunk term back with the others; without it the other terms
+    alone (the chunks' cost then falls on them)."""
+    truth = {**TERMS, "forward_scale": 1.3, "chunk_overhead_s": 0.00046}
+    chunked = [(1.0, 40.0), (1.4, 60.0), (0.5, 30.0), (2.0, 20.0), (0.0, 10.0)]  # (chunks, cpu scale)
+    runs = []
+    for (steps, tokens, rounds), (per_step, _) in zip(SHAPES, chunked):
+        shape = EngineRun(steps, tokens, rounds, 0.0, chunks=per_step * steps)
+        cpu = steps * model_s(shape, TABLE, truth)
+        runs.append(
+            dataclasses.replace(shape, cpu_s=cpu, forward_cpu_s=steps * 1.3 * step_fit_forward(shape))
+        )
+    assert fit_step_terms(runs, TABLE, 1.3) == pytest.approx(truth, rel=1e-9)
+    uncounted = [dataclasses.replace(r, chunks=None) for r in runs]
+    assert "chunk_overhead_s" not in fit_step_terms(uncounted, TABLE, 1.3)
+    # A run's chunks all fall in its prefill steps' point.
+    counters = {
+        "steps": 100,
+        "forward_tokens": 900.0,
+        "rounds": 150.0,
+        "engine_cpu_s": 0.5,
+        "step_time_s": 0.5,
+        "prefill_steps": 10,
+        "prefill_step_time_s": 0.1,
+        "prefill_step_forward_tokens": 600.0,
+        "prefill_step_rounds": 10.0,
+        "prompt_chunks": 14,
+    }
+    prefill, decode = EngineRun.split_counters(counters)
+    assert (prefill.chunks, decode.chunks, prefill.chunks_per_step) == (14, 0.0, 1.4)
+    assert EngineRun.from_counters({k: v for k, v in counters.items() if k != "prompt_chunks"}).chunks is None
+
+
+def test_a_profile_prices_each_prompt_chunk_of_a_step():
+    profile = small_profile(chunk_overhead_s=0.0005)
+    table = profile.cost_table()
+    assert profile.step_seconds(64, 2, 0, table, None, 3) - profile.step_seconds(
+        64, 2, 0, table
+    ) == pytest.approx(0.0015)
+    assert profile.scaled(2.0).chunk_overhead_s == pytest.approx(0.00025)
+
+
+def test_a_replicas_prompt_chunks_each_cost_the_profiles_chunk_overhead():
+    from sim.replica import SimReplica
+    from tests.sim.test_attention import request
+
+    plans = []
+    for overhead in (0.0, 0.002):
+        replica = SimReplica(
+            "r0", small_profile(chunk_overhead_s=overhead), scheduler="dspark", draft_gate=False
+        )
+        for i in range(3):
+            assert replica.admit(request(i, 40)) is None
+        plans.append(replica.plan())  # the three prompts in one step
+    assert len(plans[1].chunks) == 3
+    assert plans[1].seconds - plans[0].seconds == pytest.approx(3 * 0.002)

@@ -5,8 +5,8 @@ tokens alone.
 
 The SPS table prices a step by its tokens, timed on dummy requests that each hold the same context
 (dspark.cost_table.ProfileShape.context_len, 256 on the demo stack). On this machine a forward of 8
-one-token requests took 5.4 ms at a context of 32 and 9.0 ms at 384, and one request at 384 beside seven
-at 48 took 8.1 ms: nearly what eight at 384 took (bench/results/attention_cost.json, 2026-12-06 17:34).
+one-token requests took 5.3 ms at a context of 32 and 9.3 ms at 384, and one request at 384 beside seven
+at 48 took 8.5 ms: nearly what eight at 384 took (bench/results/attention_cost.json, 2026-12-06 18:14).
 The validation's requests hold 50-380 tokens, and the more of them decode together, the longer their
 longest one, so the real TPOT grows with company more steeply than a table of tokens alone prices it.
 
@@ -20,9 +20,10 @@ every request's padded queries against them (the engine's `attention_keys` and `
 counters). The table's step of B tokens is as dspark.cost_table._time_forward shapes it: min(max_seqs, B,
 ceil(B / (gamma + 1))) requests at `table_context` plus their share of the B tokens. Both prices are on
 the table's clock: the profile's forward_scale scales them with it (sim/profiles.py). They are measured on
-the engine's own runner (bench/attention_cost.py): on this machine 1.25 us a key and 0.036 us a query-key
-(r2 0.987 over the measured batches; keys alone 0.859), so a 48-token prompt chunk beside three decoding
-requests at 200 tokens pads their queries from 1 to 48, 1.0 ms more.
+the engine's own runner (bench/attention_cost.py): on this machine 1.32 us a key and 0.042 us a query-key
+(r2 0.993 over the measured batches; keys alone 0.851; 1.25 and 0.036 in a sitting at 17:34), so a
+48-token prompt chunk beside three decoding requests at 200 tokens pads their queries from 1 to 48, 1.2 ms
+more.
 """
 
 from __future__ import annotations

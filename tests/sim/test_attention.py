@@ -231,16 +231,10 @@ def test_the_step_fit_prices_each_runs_keys_so_the_forward_scale_is_the_tables()
 
 
 def test_a_runs_prefill_and_decode_steps_each_carry_their_own_keys():
+    from tests.sim.test_step_fit import SPLIT_RUN
+
     run = {
-        "steps": 100,
-        "forward_tokens": 900.0,
-        "rounds": 150.0,
-        "engine_cpu_s": 0.5,
-        "step_time_s": 0.5,
-        "prefill_steps": 10,
-        "prefill_step_time_s": 0.1,
-        "prefill_step_forward_tokens": 600.0,
-        "prefill_step_rounds": 10.0,
+        **SPLIT_RUN,
         "attention_keys": 30_000,
         "attention_query_keys": 900_000,
         "prefill_step_attention_keys": 12_000,

@@ -37,6 +37,20 @@ TERMS = {
 SHAPES = [(400, 800, 400), (300, 1200, 600), (250, 2000, 1000), (200, 2400, 1200), (200, 4800, 800)]
 
 
+# An engine run that counted its 10 prefill steps apart from its 90 decode steps (dspark/stats.py).
+SPLIT_RUN = {
+    "steps": 100,
+    "forward_tokens": 900.0,
+    "rounds": 150.0,
+    "engine_cpu_s": 0.5,
+    "step_time_s": 0.5,
+    "prefill_steps": 10,
+    "prefill_step_time_s": 0.1,
+    "prefill_step_forward_tokens": 600.0,
+    "prefill_step_rounds": 10.0,
+}
+
+
 def runs_from(terms: dict[str, float], shapes=SHAPES) -> list[EngineRun]:
     out = []
     for steps, tokens, rounds in shapes:
@@ -359,18 +373,7 @@ def test_a_term_per_prompt_chunk_is_fitted_where_the_runs_count_their_chunks():
     uncounted = [dataclasses.replace(r, chunks=None) for r in runs]
     assert "chunk_overhead_s" not in fit_step_terms(uncounted, TABLE, 1.3)
     # A run's chunks all fall in its prefill steps' point.
-    counters = {
-        "steps": 100,
-        "forward_tokens": 900.0,
-        "rounds": 150.0,
-        "engine_cpu_s": 0.5,
-        "step_time_s": 0.5,
-        "prefill_steps": 10,
-        "prefill_step_time_s": 0.1,
-        "prefill_step_forward_tokens": 600.0,
-        "prefill_step_rounds": 10.0,
-        "prompt_chunks": 14,
-    }
+    counters = {**SPLIT_RUN, "prompt_chunks": 14}
     prefill, decode = EngineRun.split_counters(counters)
     assert (prefill.chunks, decode.chunks, prefill.chunks_per_step) == (14, 0.0, 1.4)
     assert EngineRun.from_counters({k: v for k, v in counters.items() if k != "prompt_chunks"}).chunks is None

@@ -264,10 +264,8 @@ class SimReplica:
         padding = None
         if self.profile.attention is not None:  # requests x longest context, and x most new tokens
             news = [1 + n for n in lengths] + [n for _, n in chunks]
-            longest = max(
-                [s.computed + 1 + n for s, n in zip(decoding, lengths)] + [s.computed + n for s, n in chunks]
-            )
-            keys = len(news) * longest
+            seqs = decoding + [s for s, _ in chunks]
+            keys = len(news) * max(s.computed + n for s, n in zip(seqs, news))
             padding = (keys, keys * max(news))
         forward = self.slow * self.profile.forward_seconds(tokens, self.model_table, padding)
         seconds = self.slow * self.profile.step_seconds(
@@ -275,9 +273,8 @@ class SimReplica:
         )
         draft = self.slow * (self.profile.draft_s_per_step + drafters * self.profile.draft_s_per_request)
         draft = draft if drafters else 0.0
-        return Plan(
-            decoding, lengths, chunks, tokens, drafting, draft, forward, seconds, *(padding or (0, 0))
-        )
+        keys, query_keys = padding or (0, 0)
+        return Plan(decoding, lengths, chunks, tokens, drafting, draft, forward, seconds, keys, query_keys)
 
     def _lengths(self, decoding: list[SimSeq], caps: list[int], step_cap: int) -> list[int]:
         """The engine's verify-length policy on this batch (memoised per composition, see the docstring)."""

@@ -145,7 +145,7 @@ def measure(
         request = requests[n % len(requests)]
         key = f"q{n}"
         start, start_cpu = time.perf_counter_ns(), time.thread_time_ns()
-        drawn = {rid: stats[rid] for rid in balancer.candidates(ids, request)}
+        drawn = {rid: stats[rid] for rid in balancer.candidates(ids, request, stats)}
         decision = balancer.decide(request, key, drawn, now)
         cpu.append((time.thread_time_ns() - start_cpu) / 1e6)
         times.append((time.perf_counter_ns() - start) / 1e6)

@@ -118,14 +118,17 @@ class Balancer:
         self._sent_pages: dict[str, dict[str, float]] = {}
         self._lock = threading.Lock()
 
-    def candidates(self, replica_ids: Sequence[str], newcomer: Newcomer) -> list[str]:
+    def candidates(
+        self, replica_ids: Sequence[str], newcomer: Newcomer, live: Container[str] | None = None
+    ) -> list[str]:
         """The replicas to score for `newcomer` (router/candidates.py): every one of a fleet of at most
         `config.candidates`, else that many drawn at random plus those this router sent its prompt's leading
-        page. Called before decide(), so that only their stats are read."""
+        page (`live`: the same ids as a set or mapping, where the caller keeps one). Called before decide(),
+        so that only their stats are read."""
         with self._lock:
             prefix = newcomer.prefix
             holders = self._holders.of(prefix.hashes[0]) if prefix is not None and prefix.hashes else ()
-            return draw(replica_ids, self.config.candidates, self._draw_rng, holders)
+            return draw(replica_ids, self.config.candidates, self._draw_rng, holders, live)
 
     def decide(
         self,

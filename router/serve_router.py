@@ -91,7 +91,7 @@ class SLARequestRouter(FIFOMixin, RequestRouter):
         pending_request.routing_context.should_backoff = True
         by_id, ids = self._pool(candidate_replicas)
         # A few of a large fleet (router/candidates.py): their stats are all a decision reads.
-        stats = {rid: by_id[rid].routing_stats for rid in self.balancer.candidates(ids, route)}
+        stats = {rid: by_id[rid].routing_stats for rid in self.balancer.candidates(ids, route, by_id)}
         now = time.time()
         waited = max(0.0, now - pending_request.created_at)  # in Serve's queue: its TTFT runs already
         decision = self.balancer.decide(

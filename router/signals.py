@@ -33,7 +33,7 @@ from collections.abc import Collection, Container, Mapping
 from dataclasses import dataclass, field, replace
 
 from router.policy import Newcomer, ReplicaState, Sla, pages_for
-from router.speed import Speed, SpsTable, tau
+from router.speed import Speed, SpsTable
 
 
 def fit_acceptance(recent_tau: float, mean_verified: float, prior: float) -> float:
@@ -49,7 +49,11 @@ def fit_acceptance(recent_tau: float, mean_verified: float, prior: float) -> flo
     lo, hi = 0.0, 0.999
     for _ in range(40):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if tau(mid, mean_verified) < recent_tau else (lo, mid)
+        # tau(mid, mean_verified), inlined (mid < 1): this runs for every new stats version a decision reads.
+        if 1.0 + mid * (1.0 - mid**mean_verified) / (1.0 - mid) < recent_tau:
+            lo = mid
+        else:
+            hi = mid
     return (lo + hi) / 2
 
 
@@ -451,7 +455,7 @@ def replica_state(
         page_size=page_size,
         max_num_seqs=int(stats.get("max_num_seqs", 1)),
         running_slas=tuple({slas.get(name, default) for name in by_class}),
-        remaining_tokens=tuple(sorted(int(n) for n in stats.get("remaining_tokens", ()))),
+        remaining_tokens=tuple(sorted(map(int, stats.get("remaining_tokens", ())))),
         age_s=age_s if math.isfinite(age_s) else math.inf,
         healthy=bool(stats.get("healthy", True)),
         prefill_rate=prefill_rate,

@@ -50,6 +50,16 @@ def test_holders_join_the_draw_once_and_only_while_in_the_fleet():
     assert draw(IDS, 8, random.Random(1), holders=(already,)) == draw(IDS, 8, random.Random(1))
 
 
+def test_the_callers_set_of_the_fleet_tests_the_holders_and_changes_no_draw():
+    live = dict.fromkeys(IDS)  # as SLARequestRouter keeps its replicas by id beside their list
+    holders = ("r5", "gone", "r7")
+    for seed in range(50):
+        assert draw(IDS, 8, random.Random(seed), holders, live) == draw(IDS, 8, random.Random(seed), holders)
+    # Membership is the caller's: a holder it no longer lists is not scored, whatever the list holds.
+    drawn = draw(IDS, 8, random.Random(1), ("r5",), live.keys() - {"r5"})
+    assert drawn == draw(IDS, 8, random.Random(1)) and "r5" not in drawn
+
+
 def test_the_draw_depends_on_positions_and_the_seed_alone():
     # The simulator draws over its replica ids as it drew over its replica objects: the same positions.
     objects = [object() for _ in IDS]

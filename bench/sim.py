@@ -267,6 +267,11 @@ def scale(args: argparse.Namespace) -> dict:
         arm.balancer.decide(arm.newcomer(req), f"probe-{req.rid}", stats, cluster.q.now)
         full.append(time.thread_time() - start)
     full.sort()
+    # The router's own part of the loaded half: its decisions' CPU (draw and decide). Requests arrive at a
+    # constant rate, so the later half of the decisions is the trace's second half. Beside the whole run's
+    # CPU it says how much of the 10-minute budget the real policy alone takes, before any replica steps.
+    later = arm.decision_cpu_s[len(arm.decision_cpu_s) // 2 :]
+    decisions_cpu = sum(later) * 600.0 / (args.scale_duration / 2)
     # The trace starts from an empty fleet: its second half is the loaded steady state.
     steady = {
         name: sorted(times[len(times) // 2 :])
@@ -297,6 +302,11 @@ def scale(args: argparse.Namespace) -> dict:
         "cpu_s": result["cpu_s"],
         "cpu_s_10min_1000": round(loaded_cpu * 600.0 / (args.scale_duration / 2), 1)
         if math.isfinite(loaded_cpu)
+        else None,
+        "decision_cpu_s_10min_1000": round(decisions_cpu, 1),
+        "decisions_per_simulated_s": round(len(later) / (args.scale_duration / 2), 1),
+        "decision_cpu_share": round(decisions_cpu / (loaded_cpu * 600.0 / (args.scale_duration / 2)), 3)
+        if math.isfinite(loaded_cpu) and loaded_cpu > 0
         else None,
         "extrapolated": args.scale_duration < 600.0,
         "events": result["events"],

@@ -156,6 +156,36 @@ def test_a_scale_section_carried_on_names_the_run_that_measured_it(tmp_path):
     )
 
 
+def test_the_scale_section_gives_the_routers_own_share_of_the_trace(monkeypatch):
+    """The 1,000-replica trace's CPU, and the part of it the router's decisions took: the decisions of
+    the loaded half (the later half of them), extrapolated to ten minutes as the whole is."""
+    import argparse
+
+    import bench.sim
+    import sim.scenario
+
+    kept = {}
+    real_run = sim.scenario.run
+
+    def run(scenario, tick=None):
+        result = real_run(scenario, tick)
+        kept["cluster"] = result["cluster"]  # scale() takes it out of the result
+        return result
+
+    monkeypatch.setattr(bench.sim, "run", run)
+    args = argparse.Namespace(profile="gpu_dsv4flash_rocm", scale_duration=0.2, max_num_batched_tokens=None)
+    scale = bench.sim.scale(args)
+    times = kept["cluster"].router.decision_cpu_s
+    later = times[len(times) // 2 :]
+    assert scale["replicas"] == 1000 and len(later) > 100
+    assert scale["decision_cpu_s_10min_1000"] == round(sum(later) * 600.0 / 0.1, 1) > 0
+    assert scale["decisions_per_simulated_s"] == round(len(later) / 0.1, 1)
+    assert 0 < scale["decision_cpu_share"] < 1
+    assert scale["decision_cpu_share"] == pytest.approx(
+        scale["decision_cpu_s_10min_1000"] / scale["cpu_s_10min_1000"], abs=0.002
+    )
+
+
 def test_the_report_says_whether_the_code_under_each_fleets_arms_changed_since_they_ran():
     """Carried arms are only as current as the code that simulated them (bench/sim.py --arms-from)."""
     from bench.sim import code_lines

@@ -109,7 +109,8 @@ def speed_of(stats: Mapping, prior_acceptance: float, calibrate: bool = True) ->
     table = stats.get("sps_table")
     if not table:
         return None
-    sps = SpsTable(tuple(int(b) for b, _ in table), tuple(float(r) for _, r in table))
+    points, rates = zip(*table)
+    sps = SpsTable(tuple(map(int, points)), tuple(map(float, rates)))
     scale = sps_scale(sps, stats)
     if scale != 1.0:
         sps = SpsTable(sps.points, tuple(r * scale for r in sps.rates))
@@ -153,7 +154,7 @@ def smooth_speed(previous: Speed | None, current: Speed, seconds: float, half_li
     def blend(old: float, new: float) -> float:
         return keep * old + (1.0 - keep) * new
 
-    rates = tuple(blend(a, b) for a, b in zip(previous.sps.rates, current.sps.rates))
+    rates = tuple([keep * a + (1.0 - keep) * b for a, b in zip(previous.sps.rates, current.sps.rates)])
     return replace(
         current,
         sps=SpsTable(current.sps.points, rates),

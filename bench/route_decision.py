@@ -25,6 +25,12 @@ Decisions come 1 ms apart (1000 requests/s into one router). Three cases:
 Both wall time and the thread's CPU time are recorded: on a shared machine wall time includes
 preemption by other processes (the p99 especially), CPU time does not; on an idle one they agree.
 
+Python's cyclic collector runs inside whichever decision crosses its allocation threshold, so the cases
+run under the collector as the ingress sets it (deployments/gc_policy.py, AppConfig.serving_gc_threshold:
+the start-up heap frozen, young collections every 10,000 allocations). The three cases at the largest
+fleet run first under Python's own collector (`cases_python_gc`), for contrast; every point also gives
+the share of its decisions that held a collection (`held_collection`).
+
     python bench/route_decision.py [--decisions 2000] [--replicas 1 2 4 8 16 32 64 128 256 1000]
 
 Writes bench/results/route_decision.json and route_decision.png (CPU time by replicas, drawn and every
@@ -34,6 +40,7 @@ replica scored); bench/route.py puts the 32-replica p99 in its summary.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -46,11 +53,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from deployments import gc_policy  # noqa: E402
+from deployments.config import AppConfig  # noqa: E402
 from router.balancer import Balancer  # noqa: E402
 from router.policy import Newcomer, PolicyConfig, PromptPages  # noqa: E402
 from router.sla import DEFAULT_CLASS, DEFAULT_CLASSES, classes_of  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
+INGRESS_GC_THRESHOLD = AppConfig.model_fields["serving_gc_threshold"].default
+PYTHON_GC = gc.get_threshold()
 REPLICAS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1000)
 POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)  # SPS table points, as engines profile
 
@@ -135,6 +146,12 @@ def measure(
         sla = slas[rng.choice(("interactive", "batch"))]
         requests.append(Newcomer(prompt, rng.randint(16, 512), sla, prefix=prompt_pages(rng, prompt, n)))
     times, cpu, keys = [], [], []
+    collections, held = [0], 0
+
+    def count(phase: str, info: dict) -> None:  # gc.callbacks: a collection starts or stops
+        collections[0] += phase == "start"
+
+    gc.callbacks.append(count)
     for n in range(decisions):
         now += 0.001
         if refresh_every is not None:
@@ -144,17 +161,24 @@ def measure(
             stats = stats | {f"r{i}": {**stats[f"r{i}"], "ts": now} for i in stale}
         request = requests[n % len(requests)]
         key = f"q{n}"
+        before = collections[0]
         start, start_cpu = time.perf_counter_ns(), time.thread_time_ns()
         drawn = {rid: stats[rid] for rid in balancer.candidates(ids, request, stats)}
         decision = balancer.decide(request, key, drawn, now)
         cpu.append((time.thread_time_ns() - start_cpu) / 1e6)
         times.append((time.perf_counter_ns() - start) / 1e6)
+        held += collections[0] != before
         if decision.action == "route":
             balancer.routed(decision.ranking[0], key, request, now)
             keys.append((decision.ranking[0], key))
         if len(keys) > in_flight:
             balancer.completed(*keys.pop(0), now)
-    return {**_quantiles(times, ""), **_quantiles(cpu, "cpu_")}
+    gc.callbacks.remove(count)
+    return {
+        **_quantiles(times, ""),
+        **_quantiles(cpu, "cpu_"),
+        "held_collection": round(held / decisions, 4),
+    }
 
 
 def _quantiles(values: list[float], prefix: str) -> dict[str, float]:
@@ -173,17 +197,29 @@ def all_scored_decisions(n: int, decisions: int) -> int:
 
 
 def run(replicas: tuple[int, ...] = REPLICAS, decisions: int = 2000, seed: int = 0) -> dict:
-    by_case = {
-        case: {str(n): measure(n, decisions, every, seed) for n in replicas} for case, every in CASES.items()
+    largest = max(replicas)
+    # Python's collector as it starts, then as the ingress sets it (deployments/gc_policy.py) for the rest.
+    python_gc = {
+        case: {str(largest): measure(largest, decisions, every, seed)} for case, every in CASES.items()
     }
-    all_scored = {
-        case: {
-            str(n): measure(n, all_scored_decisions(n, decisions), every, seed, candidates=None)
-            for n in replicas
-            if n > PolicyConfig.candidates
+    thresholds = gc.get_threshold()
+    gc_policy.apply(INGRESS_GC_THRESHOLD)
+    try:
+        by_case = {
+            case: {str(n): measure(n, decisions, every, seed) for n in replicas}
+            for case, every in CASES.items()
         }
-        for case, every in CASES.items()
-    }
+        all_scored = {
+            case: {
+                str(n): measure(n, all_scored_decisions(n, decisions), every, seed, candidates=None)
+                for n in replicas
+                if n > PolicyConfig.candidates
+            }
+            for case, every in CASES.items()
+        }
+    finally:  # the collector back as it was, for whatever this process runs next
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
     # Linear or better: time per replica should not grow with the replica count (CPU time: preemption
     # by other processes would blur it).
     per_replica = {
@@ -195,7 +231,12 @@ def run(replicas: tuple[int, ...] = REPLICAS, decisions: int = 2000, seed: int =
         "machine": {"platform": platform.platform(), "python": platform.python_version()},
         "decisions_per_point": decisions,
         "candidates": PolicyConfig.candidates,
+        "gc": {
+            "cases": f"as the ingress sets it: serving_gc_threshold {INGRESS_GC_THRESHOLD}, heap frozen",
+            "cases_python_gc": f"Python's own: thresholds {PYTHON_GC}",
+        },
         "cases": by_case,
+        "cases_python_gc": python_gc,
         # Every replica scored, where the fleet is larger than the draw (decisions: all_scored_decisions).
         "cases_all_scored": all_scored,
         "cpu_mean_ms_per_replica": per_replica,
@@ -206,7 +247,7 @@ def run(replicas: tuple[int, ...] = REPLICAS, decisions: int = 2000, seed: int =
         "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
         "cpu_p99_ms_1000_replicas": {
             arm: {case: points.get("1000", {}).get("cpu_p99_ms") for case, points in cases.items()}
-            for arm, cases in (("drawn", by_case), ("all_scored", all_scored))
+            for arm, cases in (("drawn", by_case), ("drawn_python_gc", python_gc), ("all_scored", all_scored))
         },
         "target": "p99 <= 2 ms at 32 replicas and < 1 ms at 1,000 (sim issue); flat or linear in replicas",
     }

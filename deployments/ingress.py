@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ray import serve
 
-from deployments import thread_policy
+from deployments import gc_policy, thread_policy
 from deployments.config import AppConfig
 from deployments.controller_grpc import ControllerAdminService
 from deployments.frontend import Frontend
@@ -27,3 +27,5 @@ class Ingress(Frontend, GrpcService, ControllerAdminService):
         # wake-up and stay off its CPU (engine_cpu) where a replica shares its host (thread_policy.py).
         thread_policy.apply(self.config.serving_thread_policy, engine_cpu=self.config.engine_cpu)
         self.controller = controller  # the Controller's handle, for its admin routes (or None)
+        # Last: what start-up built is frozen out of later collections, which come rarer (gc_policy.py).
+        gc_policy.apply(self.config.serving_gc_threshold)

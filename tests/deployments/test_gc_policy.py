@@ -66,6 +66,12 @@ def test_the_ingress_applies_it_as_it_starts(qwen3_dir):
         for c in Ingress.func_or_class.__mro__
         if c.__module__ == "deployments.ingress" and not inspect.iscoroutinefunction(c.__init__)
     )
-    config = {"model": str(qwen3_dir), "stream_mux": False, "serving_gc_threshold": 5_000}
+    # "normal": the ingress would otherwise put every thread of this process (pytest's) on SCHED_BATCH.
+    config = {
+        "model": str(qwen3_dir),
+        "stream_mux": False,
+        "serving_thread_policy": "normal",
+        "serving_gc_threshold": 5_000,
+    }
     ours(FakeReplica(), config)
     assert gc.get_threshold()[0] == 5_000 and gc.get_freeze_count() > 0

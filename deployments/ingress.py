@@ -16,6 +16,7 @@ from deployments.controller_grpc import ControllerAdminService
 from deployments.frontend import Frontend
 from deployments.grpc_api import GrpcService
 from deployments.http_api import app as http_app
+from deployments.serve_context import replica_context
 
 
 @serve.deployment(name="Ingress")
@@ -23,9 +24,12 @@ from deployments.http_api import app as http_app
 class Ingress(Frontend, GrpcService, ControllerAdminService):
     def __init__(self, replica, config: dict, controller=None) -> None:
         super().__init__(replica, AppConfig(**config))
-        # Its threads (Serve's, Ray's, the servers started later inherit it) yield to an engine thread on
-        # wake-up and stay off its CPU (engine_cpu) where a replica shares its host (thread_policy.py).
-        thread_policy.apply(self.config.serving_thread_policy, engine_cpu=self.config.engine_cpu)
         self.controller = controller  # the Controller's handle, for its admin routes (or None)
-        # Last: what start-up built is frozen out of later collections, which come rarer (gc_policy.py).
-        gc_policy.apply(self.config.serving_gc_threshold)
+        # Only a Serve replica owns its process: called directly (tests, benches), the class leaves its
+        # caller's threads and collector as they were, as TargetReplica does.
+        if replica_context() is not None:
+            # Its threads (Serve's, Ray's, the servers started later inherit it) yield to an engine thread
+            # on wake-up and stay off its CPU (engine_cpu) where a replica shares its host (thread_policy.py).
+            thread_policy.apply(self.config.serving_thread_policy, engine_cpu=self.config.engine_cpu)
+            # Last: what start-up built is frozen out of later collections, which come rarer (gc_policy.py).
+            gc_policy.apply(self.config.serving_gc_threshold)

@@ -34,6 +34,7 @@ from deployments import (
 from deployments.config import AppConfig
 from deployments.errors import classify
 from deployments.events import StreamEvent, coalesce_interval
+from deployments.serve_context import replica_context
 from deployments.telemetry import setup_process
 from deployments.tensor_parallel import KEEPALIVE_PERIOD_S
 from dspark.async_engine import CALL_TIMEOUT_S
@@ -88,7 +89,7 @@ class TargetReplica:
         # its caller's threads as they were.
         engine_thread = self.engine.thread_id
         thread_policy.name_thread(engine_thread, thread_policy.ENGINE_THREAD_NAME)
-        if _replica_context() is not None:
+        if replica_context() is not None:
             thread_policy.apply(self.config.serving_thread_policy, {engine_thread}, self.config.engine_cpu)
 
     async def reconfigure(self, user_config: None, rank: ReplicaRank | None = None) -> None:
@@ -424,16 +425,8 @@ def _retrieve(future: asyncio.Future) -> None:
         future.exception()
 
 
-def _replica_context():
-    """Serve's context for this replica, or None outside Serve (tests and benches calling the class)."""
-    try:
-        return serve.get_replica_context()
-    except Exception:
-        return None
-
-
 def _replica_rank() -> int:
-    context = _replica_context()
+    context = replica_context()
     return context.rank.rank if context is not None else 0
 
 
@@ -446,5 +439,5 @@ def _node_ip() -> str:
 
 
 def _replica_id() -> str:
-    context = _replica_context()
+    context = replica_context()
     return context.replica_id.unique_id if context is not None else "local"

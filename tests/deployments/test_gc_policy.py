@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import gc
 import inspect
+import os
 import weakref
 
 import pydantic
 import pytest
 
-from deployments import gc_policy
+from deployments import gc_policy, thread_policy
 from deployments.config import AppConfig
 
 
@@ -56,22 +57,31 @@ def test_a_threshold_below_pythons_is_refused_naming_the_option():
     assert AppConfig(model="m", serving_gc_threshold=None).serving_gc_threshold is None
 
 
-def test_the_ingress_applies_it_as_it_starts(qwen3_dir):
+def ingress_class():
+    """Our Ingress class, under Serve's ASGI wrapper (whose async __init__ Serve awaits, then starts the
+    app)."""
     from deployments.ingress import Ingress
-    from tests.deployments.test_frontend import FakeReplica
 
-    # Our class under Serve's ASGI wrapper (whose async __init__ Serve awaits, then starts the app).
-    ours = next(
+    return next(
         c
         for c in Ingress.func_or_class.__mro__
         if c.__module__ == "deployments.ingress" and not inspect.iscoroutinefunction(c.__init__)
     )
-    # "normal": the ingress would otherwise put every thread of this process (pytest's) on SCHED_BATCH.
-    config = {
-        "model": str(qwen3_dir),
-        "stream_mux": False,
-        "serving_thread_policy": "normal",
-        "serving_gc_threshold": 5_000,
-    }
-    ours(FakeReplica(), config)
+
+
+def test_the_ingress_applies_it_as_it_starts_in_its_own_replica_process(qwen3_dir, monkeypatch):
+    from tests.deployments.test_frontend import FakeReplica
+
+    config = {"model": str(qwen3_dir), "stream_mux": False, "serving_gc_threshold": 5_000}
+    before = gc.get_threshold(), gc.get_freeze_count()
+    policies = {tid: os.sched_getscheduler(tid) for tid in thread_policy.threads()}
+    ingress_class()(FakeReplica(), config)  # called directly: pytest's process is not the ingress's
+    assert (gc.get_threshold(), gc.get_freeze_count()) == before
+    # Nor are its threads changed (serving_thread_policy batch by default): those still there, as they were.
+    after = {tid: os.sched_getscheduler(tid) for tid in thread_policy.threads() if tid in policies}
+    assert after == {tid: policies[tid] for tid in after}
+    # As a Serve replica (its context stood in for: a real one needs Serve to start it). "normal": the
+    # ingress would otherwise put every thread of this process, pytest's, on SCHED_BATCH.
+    monkeypatch.setattr("deployments.ingress.replica_context", lambda: object())
+    ingress_class()(FakeReplica(), {**config, "serving_thread_policy": "normal"})
     assert gc.get_threshold()[0] == 5_000 and gc.get_freeze_count() > 0

@@ -26,9 +26,10 @@ Both wall time and the thread's CPU time are recorded: on a shared machine wall 
 preemption by other processes (the p99 especially), CPU time does not; on an idle one they agree.
 
 Python's cyclic collector runs inside whichever decision crosses its allocation threshold, so the cases
-run under the collector as the ingress sets it (deployments/gc_policy.py, AppConfig.serving_gc_threshold:
-the start-up heap frozen, young collections every 10,000 allocations). The three cases at the largest
-fleet run first under Python's own collector (`cases_python_gc`), for contrast; every point also gives
+run under the collector as an ingress replica runs it: the start-up heap collected and frozen, as Serve
+leaves every replica (RAY_SERVE_FREEZE_GC_ON_STARTUP), and young objects collected every 10,000
+allocations (deployments/gc_policy.py, AppConfig.serving_gc_threshold). The three cases at the largest
+fleet run first at Python's own threshold, 700 (`cases_python_gc`), for contrast; every point also gives
 the share of its decisions that held a collection (`held_collection`).
 
     python bench/route_decision.py [--decisions 2000] [--replicas 1 2 4 8 16 32 64 128 256 1000]
@@ -198,13 +199,16 @@ def all_scored_decisions(n: int, decisions: int) -> int:
 
 def run(replicas: tuple[int, ...] = REPLICAS, decisions: int = 2000, seed: int = 0) -> dict:
     largest = max(replicas)
-    # Python's collector as it starts, then as the ingress sets it (deployments/gc_policy.py) for the rest.
-    python_gc = {
-        case: {str(largest): measure(largest, decisions, every, seed)} for case, every in CASES.items()
-    }
     thresholds = gc.get_threshold()
-    gc_policy.apply(INGRESS_GC_THRESHOLD)
+    # As Serve leaves a replica once it has started: what start-up built collected and frozen.
+    gc.collect()
+    gc.freeze()
     try:
+        # Python's threshold first, then the ingress's (deployments/gc_policy.py) for the rest.
+        python_gc = {
+            case: {str(largest): measure(largest, decisions, every, seed)} for case, every in CASES.items()
+        }
+        gc_policy.apply(INGRESS_GC_THRESHOLD)
         by_case = {
             case: {str(n): measure(n, decisions, every, seed) for n in replicas}
             for case, every in CASES.items()
@@ -232,8 +236,8 @@ def run(replicas: tuple[int, ...] = REPLICAS, decisions: int = 2000, seed: int =
         "decisions_per_point": decisions,
         "candidates": PolicyConfig.candidates,
         "gc": {
-            "cases": f"as the ingress sets it: serving_gc_threshold {INGRESS_GC_THRESHOLD}, heap frozen",
-            "cases_python_gc": f"Python's own: thresholds {PYTHON_GC}",
+            "cases": f"start-up heap frozen (as Serve does), serving_gc_threshold {INGRESS_GC_THRESHOLD}",
+            "cases_python_gc": f"start-up heap frozen (as Serve does), Python's thresholds {PYTHON_GC}",
         },
         "cases": by_case,
         "cases_python_gc": python_gc,

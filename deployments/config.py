@@ -166,9 +166,9 @@ class AppConfig(BaseModel):
     # node that runs one target replica (tensor-parallel shards are left as they are). None: no pinning.
     engine_cpu: int | None = Field(None, ge=0)
     # The ingress replicas' garbage collector (deployments/gc_policy.py), where the SLA router decides:
-    # their start-up heap frozen and the youngest generation collected every this many allocations, not
-    # Python's 700. bench/route_decision.py at 1,000 replicas, stats new every 0.25 s: decisions holding a
-    # collection 1.9 % -> 0.1 %. None: Python's collector as it is.
+    # the youngest generation collected every this many allocations, not Python's 700 (Serve freezes
+    # the start-up heap already). bench/route_decision.py at 1,000 replicas, stats new every 0.25 s:
+    # decisions holding a collection ~1.3 % -> ~0.05 %. None: Python's own threshold.
     serving_gc_threshold: int | None = Field(10_000, ge=700)
     api_keys: list[str] = Field(default_factory=list, description="bearer tokens accepted; empty: open")
     # Tokens kept out of the config itself: a file with one per line (a mounted Kubernetes Secret),

@@ -31,5 +31,5 @@ class Ingress(Frontend, GrpcService, ControllerAdminService):
             # Its threads (Serve's, Ray's, the servers started later inherit it) yield to an engine thread
             # on wake-up and stay off its CPU (engine_cpu) where a replica shares its host (thread_policy.py).
             thread_policy.apply(self.config.serving_thread_policy, engine_cpu=self.config.engine_cpu)
-            # Last: what start-up built is frozen out of later collections, which come rarer (gc_policy.py).
+            # Young objects collected less often: fewer collections inside routing decisions (gc_policy.py).
             gc_policy.apply(self.config.serving_gc_threshold)

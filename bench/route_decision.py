@@ -55,14 +55,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from deployments import gc_policy  # noqa: E402
-from deployments.config import AppConfig  # noqa: E402
 from router.balancer import Balancer  # noqa: E402
 from router.policy import Newcomer, PolicyConfig, PromptPages  # noqa: E402
 from router.sla import DEFAULT_CLASS, DEFAULT_CLASSES, classes_of  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
-INGRESS_GC_THRESHOLD = AppConfig.model_fields["serving_gc_threshold"].default
-PYTHON_GC = gc.get_threshold()
 REPLICAS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1000)
 POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)  # SPS table points, as engines profile
 
@@ -208,7 +205,7 @@ def run(replicas: tuple[int, ...] = REPLICAS, decisions: int = 2000, seed: int =
         python_gc = {
             case: {str(largest): measure(largest, decisions, every, seed)} for case, every in CASES.items()
         }
-        gc_policy.apply(INGRESS_GC_THRESHOLD)
+        gc_policy.apply(gc_policy.SERVING_YOUNG_THRESHOLD)
         by_case = {
             case: {str(n): measure(n, decisions, every, seed) for n in replicas}
             for case, every in CASES.items()
@@ -226,6 +223,7 @@ def run(replicas: tuple[int, ...] = REPLICAS, decisions: int = 2000, seed: int =
         gc.set_threshold(*thresholds)
     # Linear or better: time per replica should not grow with the replica count (CPU time: preemption
     # by other processes would blur it).
+    frozen = "start-up heap frozen (as Serve does)"
     per_replica = {
         case: {n: round(v["cpu_mean_ms"] / int(n), 5) for n, v in points.items()}
         for case, points in by_case.items()
@@ -236,8 +234,8 @@ def run(replicas: tuple[int, ...] = REPLICAS, decisions: int = 2000, seed: int =
         "decisions_per_point": decisions,
         "candidates": PolicyConfig.candidates,
         "gc": {
-            "cases": f"start-up heap frozen (as Serve does), serving_gc_threshold {INGRESS_GC_THRESHOLD}",
-            "cases_python_gc": f"start-up heap frozen (as Serve does), Python's thresholds {PYTHON_GC}",
+            "cases": f"{frozen}, serving_gc_threshold {gc_policy.SERVING_YOUNG_THRESHOLD}",
+            "cases_python_gc": f"{frozen}, Python's thresholds {thresholds}",
         },
         "cases": by_case,
         "cases_python_gc": python_gc,

@@ -271,7 +271,9 @@ def scale(args: argparse.Namespace) -> dict:
     # constant rate, so the later half of the decisions is the trace's second half. Beside the whole run's
     # CPU it says how much of the 10-minute budget the real policy alone takes, before any replica steps.
     later = arm.decision_cpu_s[len(arm.decision_cpu_s) // 2 :]
-    decisions_cpu = sum(later) * 600.0 / (args.scale_duration / 2)
+    decisions_cpu = sum(later)
+    loaded_s = args.scale_duration / 2  # simulated seconds of the loaded half
+    to_10min = 600.0 / loaded_s
     # The trace starts from an empty fleet: its second half is the loaded steady state.
     steady = {
         name: sorted(times[len(times) // 2 :])
@@ -295,17 +297,13 @@ def scale(args: argparse.Namespace) -> dict:
         else None,
         "simulated_s": args.scale_duration,
         "wall_s": result["wall_s"],
-        "wall_s_10min_1000": round(loaded_wall * 600.0 / (args.scale_duration / 2), 1)
-        if math.isfinite(loaded_wall)
-        else None,
+        "wall_s_10min_1000": round(loaded_wall * to_10min, 1) if math.isfinite(loaded_wall) else None,
         "wall_s_10min_1000_whole_trace": round(result["wall_s"] * 600.0 / args.scale_duration, 1),
         "cpu_s": result["cpu_s"],
-        "cpu_s_10min_1000": round(loaded_cpu * 600.0 / (args.scale_duration / 2), 1)
-        if math.isfinite(loaded_cpu)
-        else None,
-        "decision_cpu_s_10min_1000": round(decisions_cpu, 1),
-        "decisions_per_simulated_s": round(len(later) / (args.scale_duration / 2), 1),
-        "decision_cpu_share": round(decisions_cpu / (loaded_cpu * 600.0 / (args.scale_duration / 2)), 3)
+        "cpu_s_10min_1000": round(loaded_cpu * to_10min, 1) if math.isfinite(loaded_cpu) else None,
+        "decision_cpu_s_10min_1000": round(decisions_cpu * to_10min, 1),
+        "decisions_per_simulated_s": round(len(later) / loaded_s, 1),
+        "decision_cpu_share": round(decisions_cpu / loaded_cpu, 3)
         if math.isfinite(loaded_cpu) and loaded_cpu > 0
         else None,
         "extrapolated": args.scale_duration < 600.0,

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from ray.serve.config import AutoscalingConfig
 
+from deployments import gc_policy
 from deployments.sglang_args import SGLangOptions
 from deployments.telemetry import TelemetryConfig
 from dspark.config import EngineConfig
@@ -169,7 +170,9 @@ class AppConfig(BaseModel):
     # the youngest generation collected every this many allocations, not Python's 700 (Serve freezes
     # the start-up heap already). bench/route_decision.py at 1,000 replicas, stats new every 0.25 s:
     # decisions holding a collection ~1.3 % -> ~0.05 %. None: Python's own threshold.
-    serving_gc_threshold: int | None = Field(10_000, ge=700)
+    serving_gc_threshold: int | None = Field(
+        gc_policy.SERVING_YOUNG_THRESHOLD, ge=gc_policy.PYTHON_YOUNG_THRESHOLD
+    )
     api_keys: list[str] = Field(default_factory=list, description="bearer tokens accepted; empty: open")
     # Tokens kept out of the config itself: a file with one per line (a mounted Kubernetes Secret),
     # read by the ingress at start and accepted besides `api_keys`.

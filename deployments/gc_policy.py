@@ -25,6 +25,7 @@ import logging
 log = logging.getLogger(__name__)
 
 PYTHON_YOUNG_THRESHOLD = 700  # CPython's default gen0 threshold
+SERVING_YOUNG_THRESHOLD = 10_000  # AppConfig.serving_gc_threshold's default
 
 
 def apply(young_threshold: int | None) -> None:
